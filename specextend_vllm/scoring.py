@@ -1,0 +1,73 @@
+"""Chunk scores from the target model's final attention layer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from specextend_vllm import ops
+
+
+class FinalLayerQuery:
+    """Holds the post-RoPE query of the target's final attention layer from its last
+    forward pass: one row per token of the target batch, [num_tokens, Hq, D].
+
+    `observe` is installed around that layer's attention implementation; it keeps a
+    reference, not a copy, which stays valid until the next target forward.
+    """
+
+    def __init__(self, num_heads: int, head_size: int):
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.query: torch.Tensor | None = None
+
+    def observe(self, query: torch.Tensor) -> None:
+        self.query = query.view(-1, self.num_heads, self.head_size)
+
+    def rows(self, token_rows: torch.Tensor) -> torch.Tensor:
+        if self.query is None:
+            raise RuntimeError("the target's final attention layer has not run yet")
+        return self.query[token_rows]
+
+
+class ChunkScorer:
+    """Scores every chunk of every selected request in one op call."""
+
+    def __init__(
+        self,
+        final_layer_query: FinalLayerQuery,
+        key_cache_view: Callable[[], torch.Tensor],
+        scale: float,
+        chunk_size: int,
+    ):
+        self.final_layer_query = final_layer_query
+        self.key_cache_view = key_cache_view
+        self.scale = scale
+        self.chunk_size = chunk_size
+        self.seconds = 0.0
+        self.calls = 0
+
+    def __call__(
+        self,
+        token_rows: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+        num_chunks: int,
+    ) -> torch.Tensor:
+        """token_rows: the target batch row of each request's last accepted token;
+        context_lens: tokens up to and including it. Returns [R, num_chunks] scores."""
+        start = time.perf_counter()
+        scores = ops.chunk_scores(
+            self.final_layer_query.rows(token_rows),
+            self.key_cache_view(),
+            block_table,
+            context_lens.to(torch.int32),
+            self.chunk_size,
+            self.scale,
+            num_chunks,
+        )
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return scores
