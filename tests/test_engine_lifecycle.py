@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
 
 from specextend_vllm import retrieval_stats
 from tests.conftest import generate_ids, make_llm, random_prompts, specextend_config
@@ -92,6 +93,6 @@ def test_a_failing_request_leaves_the_engine_serving(
 ) -> None:
     llm = make_llm(tiny_models["target"], specextend_config(tiny_models["draft_noisy"]))
     too_long = random_prompts([2000], seed=3)
-    with pytest.raises(ValueError):
+    with pytest.raises(VLLMValidationError, match="maximum context length"):
         generate_ids(llm, too_long, MAX_TOKENS)
     assert generate_ids(llm, prompts[:2], MAX_TOKENS) == plain_outputs[:2]
