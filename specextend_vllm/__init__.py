@@ -28,6 +28,4 @@ def register() -> None:
 
 def retrieval_stats(llm: Any) -> list[dict[str, Any]]:
     """The method's counters and recent chunk selections, one dict per worker."""
-    from specextend_vllm.patches import retrieval_stats_on_worker
-
-    return llm.collective_rpc(retrieval_stats_on_worker)
+    return llm.collective_rpc("specextend_retrieval_stats")

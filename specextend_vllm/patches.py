@@ -21,6 +21,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.config.speculative import SpeculativeConfig
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
+from vllm.v1.worker.worker_base import WorkerBase
 
 from specextend_vllm import ops
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
@@ -45,7 +46,8 @@ class VllmPatch:
     def apply(cls) -> None:
         if "original" in cls.__dict__:
             return
-        cls.original = cls.target.__dict__[cls.attribute] if isinstance(cls.target, type) else getattr(cls.target, cls.attribute)
+        namespace = cls.target.__dict__ if isinstance(cls.target, type) else vars(cls.target)
+        cls.original = namespace.get(cls.attribute)
         setattr(cls.target, cls.attribute, cls.new_attribute())
 
     @classmethod
@@ -181,12 +183,29 @@ class RequestLifecycle(VllmPatch):
         return RequestLifecycle.original(self, scheduler_output)
 
 
+class WorkerReportsRetrievalStats(VllmPatch):
+    """Adds the worker method that `specextend_vllm.retrieval_stats` calls by name through
+    `collective_rpc` (a name needs no pickling across processes)."""
+
+    target = WorkerBase
+    attribute = "specextend_retrieval_stats"
+
+    @staticmethod
+    def replacement(self: Any) -> dict[str, Any]:
+        drafter = getattr(self.model_runner, "drafter", None)
+        stats = getattr(drafter, "stats", None)
+        if stats is None:
+            return {}
+        return {**stats.summary(), "selections": [dataclasses.asdict(s) for s in stats.selections()]}
+
+
 PATCHES: tuple[type[VllmPatch], ...] = (
     SpeculativeConfigFromDict,
     EngineConfigCarriesSpecExtend,
     V1ModelRunnerForSpecExtend,
     ProposerForSpecExtend,
     RequestLifecycle,
+    WorkerReportsRetrievalStats,
 )
 
 
@@ -233,12 +252,3 @@ def key_cache_view(layer: Attention) -> torch.Tensor:
             f"(float32/float16 caches on x86 without AMX); this layer uses '{isa}'."
         )
     return ops.cpu_vec_key_cache_view(kv_cache)
-
-
-def retrieval_stats_on_worker(worker: Any) -> dict[str, Any]:
-    """Run through `LLM.collective_rpc`: the method's counters and recent selections."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    stats = getattr(drafter, "stats", None)
-    if stats is None:
-        return {}
-    return {**stats.summary(), "selections": [dataclasses.asdict(s) for s in stats.selections()]}
