@@ -9,46 +9,28 @@ output equality, mean acceptance length and decode speed; saves the figures as J
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "8")
-os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-
-RESULTS = Path(__file__).parent / "results"
+from benchmarks import engine
 
 
 def long_prompt(target: Path, num_tokens: int) -> list[int]:
-    """The reference's prompt shape: an instruction around a text cut to `num_tokens`."""
     from transformers import AutoTokenizer
 
     from benchmarks.assets import long_texts
+    from benchmarks.prompts import summary_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(target)
-    text = long_texts()["shakespeare/hamlet"]
-    head = tokenizer("Summarize the following text.\n\n")["input_ids"]
-    tail = tokenizer("\n\nSummary:")["input_ids"]
-    body = tokenizer(text)["input_ids"][: num_tokens - len(head) - len(tail)]
-    return head + body + tail
+    return summary_prompt(tokenizer, long_texts()["shakespeare/hamlet"], num_tokens)
 
 
 def run_method(target: Path, speculative_config: dict[str, Any] | None, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(
-        model=str(target),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=len(prompt) + max_tokens + 64,
-        speculative_config=speculative_config,
-        disable_log_stats=False,
-        seed=0,
-    )
+    llm = engine.make_llm(target, speculative_config, len(prompt) + max_tokens + 64)
     request = [{"prompt_token_ids": prompt}]
     start = time.perf_counter()
     llm.generate(request, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
@@ -75,8 +57,7 @@ def run_method(target: Path, speculative_config: dict[str, Any] | None, prompt: 
         stats = retrieval_stats(llm)[0]
         stats.pop("selections")
         result["retrieval"] = stats
-    del llm
-    gc.collect()
+    engine.close(llm)
     return result
 
 
@@ -119,10 +100,10 @@ def main() -> None:
         )
     print("specextend retrieval:", results["specextend"]["retrieval"])
     print("output:", baseline["text"][:300].replace("\n", " "))
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "demo.json"
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
-    path.write_text(json.dumps({"args": vars(args) | {"target": str(target), "draft": str(draft)}, "machine": machine, "results": results}, indent=1, default=str))
+    engine.RESULTS.mkdir(exist_ok=True)
+    path = engine.RESULTS / "demo.json"
+    record = {"args": vars(args) | {"target": str(target), "draft": str(draft)}, "machine": engine.machine(), "results": results}
+    path.write_text(json.dumps(record, indent=1, default=str))
     print(f"saved {path}")
 
 

@@ -29,3 +29,15 @@ def register() -> None:
 def retrieval_stats(llm: Any) -> list[dict[str, Any]]:
     """The method's counters and recent chunk selections, one dict per worker."""
     return llm.collective_rpc("specextend_retrieval_stats")
+
+
+def reconfigure(llm: Any, **changes: Any) -> list[dict[str, Any]]:
+    """Changes the method's keys (all but `chunk_size`) on a running engine, for example
+    `reconfigure(llm, policy="streaming")`; returns the new config of each worker."""
+    return llm.collective_rpc("specextend_reconfigure", args=(changes,))
+
+
+def step_timings(llm: Any) -> list[list[dict[str, Any]]]:
+    """Per worker, the steps timed since the last call (needs SPECEXTEND_STEP_TIMINGS=1
+    in the environment before vLLM starts)."""
+    return llm.collective_rpc("specextend_step_timings")

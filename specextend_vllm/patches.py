@@ -13,18 +13,21 @@ from typing import Any, ClassVar
 
 import torch
 
+import vllm.v1.sample.rejection_sampler as rejection_sampler
 import vllm.v1.worker.gpu_model_runner as gpu_model_runner
 from vllm.config import VllmConfig, get_layers_from_vllm_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.platforms import current_platform
 from vllm.config.speculative import SpeculativeConfig
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.worker.worker_base import WorkerBase
 
-from specextend_vllm import ops
+from specextend_vllm import ops, sampling
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
+from specextend_vllm.profiling import StepTimer, device_synchronizer, step_timings_enabled
 
 logger = init_logger("specextend_vllm")
 
@@ -199,6 +202,81 @@ class WorkerReportsRetrievalStats(VllmPatch):
         return {**stats.summary(), "selections": [dataclasses.asdict(s) for s in stats.selections()]}
 
 
+class WorkerReconfiguresSpecExtend(VllmPatch):
+    """Adds the worker method behind `specextend_vllm.reconfigure`."""
+
+    target = WorkerBase
+    attribute = "specextend_reconfigure"
+
+    @staticmethod
+    def replacement(self: Any, changes: dict[str, Any]) -> dict[str, Any]:
+        reconfigure = getattr(getattr(self.model_runner, "drafter", None), "reconfigure", None)
+        if reconfigure is None:
+            raise ValueError(f"this engine does not run method '{METHOD_NAME}'")
+        return reconfigure(changes).to_dict()
+
+
+def _step_timer(runner: Any) -> StepTimer:
+    timer = getattr(runner, "_specextend_step_timer", None)
+    if timer is None:
+        timer = StepTimer(device_synchronizer(runner.device))
+        runner._specextend_step_timer = timer
+    return timer
+
+
+class TimeTargetForward(VllmPatch):
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_model_forward"
+
+    @staticmethod
+    def replacement(self: Any, input_ids: Any = None, positions: Any = None, *args: Any, **kwargs: Any) -> Any:
+        num_tokens = positions.shape[-1] if positions is not None else input_ids.shape[-1]
+        with _step_timer(self).target_forward(num_tokens):
+            return TimeTargetForward.original(self, input_ids, positions, *args, **kwargs)
+
+
+class TimeDraftProposal(VllmPatch):
+    """Times the whole proposal, and each draft pass through hooks on the draft model."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "propose_draft_token_ids"
+
+    @staticmethod
+    def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+        timer = _step_timer(self)
+        draft_model = getattr(self.drafter, "model", None)
+        if isinstance(draft_model, torch.nn.Module) and not getattr(draft_model, "_specextend_timed", False):
+            draft_model.register_forward_pre_hook(lambda *_: timer.draft_pass_started())
+            draft_model.register_forward_hook(lambda *_: timer.draft_pass_finished())
+            draft_model._specextend_timed = True
+        with timer.propose():
+            return TimeDraftProposal.original(self, *args, **kwargs)
+
+
+class WorkerReportsStepTimings(VllmPatch):
+    """Adds the worker method behind `specextend_vllm.step_timings`."""
+
+    target = WorkerBase
+    attribute = "specextend_step_timings"
+
+    @staticmethod
+    def replacement(self: Any) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(record) for record in _step_timer(self.model_runner).drain()]
+
+
+class ExpandBatchToTokensOnCpu(VllmPatch):
+    """vLLM 0.32's CPU stand-in for the Triton `expand_kernel` casts its output to int64
+    and writes into that temporary copy, so `expand_batch_to_tokens` returns uninitialised
+    memory: the rejection sampler then divides the target's logits by garbage temperatures
+    and speculative sampling at temperature > 0 stops following the target's distribution
+    (every speculative method, not only this one). The replacement is the same function in
+    plain torch."""
+
+    target = rejection_sampler
+    attribute = "expand_batch_to_tokens"
+    replacement = staticmethod(sampling.expand_batch_to_tokens)
+
+
 PATCHES: tuple[type[VllmPatch], ...] = (
     SpeculativeConfigFromDict,
     EngineConfigCarriesSpecExtend,
@@ -206,11 +284,21 @@ PATCHES: tuple[type[VllmPatch], ...] = (
     ProposerForSpecExtend,
     RequestLifecycle,
     WorkerReportsRetrievalStats,
+    WorkerReconfiguresSpecExtend,
+)
+
+STEP_TIMING_PATCHES: tuple[type[VllmPatch], ...] = (
+    TimeTargetForward,
+    TimeDraftProposal,
+    WorkerReportsStepTimings,
 )
 
 
 def apply_all() -> None:
-    for patch in PATCHES:
+    patches = PATCHES + (STEP_TIMING_PATCHES if step_timings_enabled() else ())
+    if current_platform.is_cpu():
+        patches += (ExpandBatchToTokensOnCpu,)
+    for patch in patches:
         patch.apply()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,8 +42,6 @@ class SpecExtendProposer(patches.DraftModelProposer):
 
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
-        if self.method_config.policy != "cmr":
-            return
         layer = patches.target_final_attention_layer(self.vllm_config, self._draft_attn_layer_names)
         final_layer_query = FinalLayerQuery(layer.num_heads, layer.head_size)
         patches.observe_attention_query(layer, final_layer_query.observe)
@@ -62,8 +61,28 @@ class SpecExtendProposer(patches.DraftModelProposer):
                 f"speculative_config['chunk_size'] ({chunk_size}) must be a multiple "
                 f"of the attention kernel's block size ({self.block_size})."
             )
-        max_kept_blocks = self.method_config.num_kept_chunks * (chunk_size // self.block_size)
-        self.retrieval_state = RetrievalState(self.max_batch_size, max_kept_blocks, self.device)
+        self.retrieval_state = self._new_retrieval_state()
+
+    def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
+        """Replaces some of the method's keys on a running engine, for example to compare
+        policies on one prefill; every request selects its chunks afresh at its next step."""
+        allowed = set(SpecExtendConfig.keys()) - {"chunk_size"}
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise ValueError(
+                f"cannot reconfigure {unknown} on a running engine; allowed keys: {sorted(allowed)}."
+            )
+        config = dataclasses.replace(self.method_config, **changes)
+        self.method_config = config.resolve_chunk_size(self.block_size)
+        self.retrieval_state = self._new_retrieval_state()
+        patches.logger.info("SpecExtend reconfigured: %s", self.method_config.to_dict())
+        return self.method_config
+
+    def _new_retrieval_state(self) -> RetrievalState:
+        config = self.method_config
+        assert config.chunk_size is not None
+        max_kept_blocks = config.num_kept_chunks * (config.chunk_size // self.block_size)
+        return RetrievalState(self.max_batch_size, max_kept_blocks, self.device)
 
     def on_requests_changed(self, finished: set[str], restarted: set[str]) -> None:
         if self.retrieval_state is not None:

@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ BLOCK_SIZE = 32
 NUM_SPECULATIVE_TOKENS = 3
 # Small enough for prompts of a few hundred tokens to cross it.
 METHOD_KEYS = {"chunk_size": 32, "token_budget": 64, "retrieval_interval": 2, "activation_length": 128}
+# Lossless checks: some prompts below the activation length, some far above it.
+PROMPT_LENGTHS = [40, 100, 150, 260, 400, 520, 700, 880]
+MAX_TOKENS = 24
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,6 +40,19 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "sharp": sharp,
         "sharp_draft": save_tiny_model(root / "sharp_draft", seed=4, base=sharp, noise=0.05),
     }
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    return random_prompts(PROMPT_LENGTHS)
+
+
+@pytest.fixture(scope="session")
+def plain_outputs(tiny_models: dict[str, Path], prompts: list[list[int]]) -> list[list[int]]:
+    llm = make_llm(tiny_models["target"])
+    outputs = generate_ids(llm, prompts, MAX_TOKENS)
+    del llm
+    return outputs
 
 
 def make_llm(model: Path, speculative_config: dict[str, Any] | None = None, **overrides: Any) -> Any:

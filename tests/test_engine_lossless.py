@@ -6,36 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from specextend_vllm import retrieval_stats
 from tests.conftest import (
+    MAX_TOKENS,
     METHOD_KEYS,
     generate_ids,
     make_llm,
-    random_prompts,
     spec_decode_counts,
     specextend_config,
 )
 
 pytestmark = pytest.mark.engine
-
-# Some prompts below the activation length (128), some far above it.
-PROMPT_LENGTHS = [40, 100, 150, 260, 400, 520, 700, 880]
-MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    return random_prompts(PROMPT_LENGTHS)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(tiny_models: dict[str, Path], prompts: list[list[int]]) -> list[list[int]]:
-    llm = make_llm(tiny_models["target"])
-    outputs = generate_ids(llm, prompts, MAX_TOKENS)
-    del llm
-    return outputs
 
 
 @pytest.fixture(scope="module", params=["cmr", "streaming", "full"])

@@ -1,0 +1,149 @@
+"""Engines and measured generation shared by the benchmarks.
+
+Every figure comes from vLLM itself: per-request timestamps (`RequestOutput.metrics`),
+per-request acceptance (`per_request_spec_decode_metrics="detailed"`), the method's
+counters (`retrieval_stats`) and, where asked, the plugin's step timings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "8")
+os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    cpu_model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": cpu_model,
+        "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "vllm": vllm.__version__,
+    }
+
+
+def make_llm(target: Path | str, speculative_config: dict[str, Any] | None, max_model_len: int, **kwargs: Any) -> Any:
+    from vllm import LLM
+
+    if speculative_config is not None:
+        kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
+    if kwargs.get("block_size") is None:
+        kwargs.pop("block_size", None)
+    return LLM(
+        model=str(target),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=max_model_len,
+        speculative_config=speculative_config,
+        disable_log_stats=False,
+        seed=0,
+        **kwargs,
+    )
+
+
+def close(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+@dataclasses.dataclass
+class RequestFigures:
+    """One request: its output and timings, and per verify step the accepted drafts."""
+
+    tokens: list[int]
+    ttft_s: float
+    decode_s: float
+    accepted_per_step: list[int]
+    drafted_per_step: list[int]
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        steps = len(self.accepted_per_step)
+        return 1 + sum(self.accepted_per_step) / steps if steps else None
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[list[RequestFigures], float]:
+    """Greedy generation of exactly `max_tokens` per prompt; returns each request's
+    figures and the wall time of the whole call."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    wall_s = time.perf_counter() - start
+    figures = []
+    for output in outputs:
+        completion = output.outputs[0]
+        stats = output.metrics
+        spec = completion.spec_decode_metrics
+        figures.append(
+            RequestFigures(
+                tokens=list(completion.token_ids),
+                ttft_s=stats.first_token_latency,
+                decode_s=stats.last_token_ts - stats.first_token_ts,
+                accepted_per_step=list(spec.per_step_accepted) if spec else [],
+                drafted_per_step=list(spec.per_step_drafted) if spec else [],
+            )
+        )
+    return figures, wall_s
+
+
+def acceptance_per_position(requests: list[RequestFigures], num_speculative_tokens: int) -> list[float]:
+    """Share of verify steps whose i-th draft token was accepted, i = 1..k.
+
+    Example: steps accepting [4, 1, 0, 2] of k=4 give [0.75, 0.5, 0.25, 0.25].
+    """
+    steps = [accepted for request in requests for accepted in request.accepted_per_step]
+    if not steps:
+        return []
+    return [sum(a >= position for a in steps) / len(steps) for position in range(1, num_speculative_tokens + 1)]
+
+
+def mean_acceptance_length(requests: list[RequestFigures]) -> float | None:
+    steps = [accepted for request in requests for accepted in request.accepted_per_step]
+    return 1 + sum(steps) / len(steps) if steps else None
+
+
+def time_breakdown(step_records: list[dict[str, Any]], max_decode_tokens: int, decode_wall_s: float) -> dict[str, Any]:
+    """Mean seconds per decoding step: target forward, the draft proposal and its passes,
+    and the rest of the step (scheduling, sampling, bookkeeping). Steps that processed more
+    than `max_decode_tokens` target tokens are prefill and left out."""
+    decode = [r for r in step_records if r["num_target_tokens"] <= max_decode_tokens]
+    if not decode:
+        return {}
+    n = len(decode)
+    passes = [r["draft_passes_s"] for r in decode if r["draft_passes_s"]]
+    later = [s for p in passes for s in p[1:]]
+    target = sum(r["target_forward_s"] for r in decode) / n
+    propose = sum(r["propose_s"] for r in decode) / n
+    step = decode_wall_s / n
+    return {
+        "steps": n,
+        "step_s": step,
+        "target_forward_s": target,
+        "propose_s": propose,
+        "first_draft_pass_s": sum(p[0] for p in passes) / len(passes) if passes else 0.0,
+        "later_draft_pass_s": sum(later) / len(later) if later else 0.0,
+        "other_s": max(step - target - propose, 0.0),
+    }

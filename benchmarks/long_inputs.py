@@ -1,0 +1,448 @@
+"""Long-input benchmarks on the real model pair, offline.
+
+    python -m benchmarks.long_inputs speed   # speed, acceptance and time per step against length
+    python -m benchmarks.long_inputs needle  # how often the draft proposes a fact hidden in the prompt
+    python -m benchmarks.long_inputs batch   # throughput with concurrent long prompts
+    python -m benchmarks.long_inputs draft_step  # one draft pass against the tokens it attends to
+    python -m benchmarks.long_inputs plot    # PNG plots from the saved speed results
+
+Methods, on the same prompts: no speculation, vLLM's `draft_model`, and `specextend` with
+policies `cmr`, `streaming` and `full`. The three policies share one engine and one prefill
+per prompt (`specextend_vllm.reconfigure` switches them); `cmr` runs first and pays the
+prefill, so the others' time to first token is taken from it. Each section saves its raw
+figures and the machine's description under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
+
+from benchmarks import engine  # noqa: E402
+from benchmarks.prompts import (  # noqa: E402
+    draft_origin_of_tokens,
+    needle_prompt,
+    needle_token_span,
+    summary_prompt,
+)
+
+SPEED_TEXTS = (
+    "shakespeare/hamlet",
+    "paul_graham_essays",
+    "milton/paradise_lost_no_introduction",
+    "shakespeare/lear",
+)
+BATCH_TEXTS = (
+    "shakespeare/hamlet",
+    "shakespeare/macbeth",
+    "shakespeare/othello",
+    "shakespeare/tempest",
+    "shakespeare/lear",
+    "milton/paradise_lost_no_introduction",
+    "milton/areopagitica",
+    "paul_graham_essays",
+)
+HAYSTACK = "paul_graham_essays"
+POLICIES = ("cmr", "streaming", "full")
+
+
+def engine_configs(draft: Path, args: argparse.Namespace) -> dict[str, dict[str, Any] | None]:
+    common = {"model": str(draft), "num_speculative_tokens": args.k}
+    return {
+        "no_speculation": None,
+        "draft_model": {"method": "draft_model", **common},
+        "specextend": {"method": "specextend", **common, **args.specextend_keys},
+    }
+
+
+def method_runs(llm: Any, engine_name: str, policies: tuple[str, ...]) -> Iterator[str]:
+    """The method names one engine runs, switching the policy where it has one."""
+    from specextend_vllm import reconfigure
+
+    if engine_name != "specextend":
+        yield engine_name
+        return
+    for policy in policies:
+        reconfigure(llm, policy=policy)
+        yield f"specextend_{policy}"
+
+
+def retrieval_counters(llm: Any) -> dict[str, Any]:
+    from specextend_vllm import retrieval_stats
+
+    stats = retrieval_stats(llm)[0]
+    stats.pop("selections", None)
+    return stats
+
+
+def step_records(llm: Any) -> list[dict[str, Any]]:
+    from specextend_vllm import step_timings
+
+    return step_timings(llm)[0]
+
+
+# --- speed -------------------------------------------------------------------------------
+
+
+def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from benchmarks.assets import long_texts
+
+    texts = long_texts()
+    prompts = [
+        {"length": length, "text": name, "token_ids": summary_prompt(tokenizer, texts[name], length)}
+        for length in args.lengths
+        for name in args.texts[: args.texts_per_length]
+    ]
+    runs: list[dict[str, Any]] = []
+    max_model_len = max(args.lengths) + args.max_tokens + 64
+    total = len(prompts) * (2 + len(POLICIES))
+    with tqdm(total=total, desc="speed") as progress:
+        for engine_name, speculative_config in engine_configs(draft, args).items():
+            llm = engine.make_llm(target, speculative_config, max_model_len, block_size=args.block_size)
+            for prompt in prompts:
+                llm.reset_prefix_cache()
+                prefill_ttft: float | None = None
+                for method in method_runs(llm, engine_name, POLICIES):
+                    progress.set_postfix_str(f"{method} {prompt['length']}")
+                    run = measure_one(llm, method, prompt, args)
+                    prefill_ttft = run["ttft_s"] if prefill_ttft is None else prefill_ttft
+                    run["engine_ttft_s"] = prefill_ttft
+                    runs.append(run)
+                    progress.update()
+            engine.close(llm)
+            del llm
+    earlier: dict[str, Any] = {}
+    if args.append:
+        earlier = json.loads(speed_results_path().read_text())
+        runs = earlier["runs"] + runs
+    return {
+        "runs": runs,
+        "table": speed_table(runs, args.k),
+        "earlier_args": earlier.get("earlier_args", []) + ([earlier["args"]] if earlier else []),
+    }
+
+
+def speed_results_path() -> Path:
+    return engine.RESULTS / "long_inputs_speed.json"
+
+
+def measure_one(llm: Any, method: str, prompt: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    step_records(llm)
+    retrieval_before = retrieval_counters(llm) if method.startswith("specextend") else {}
+    [request], wall_s = engine.generate(llm, [prompt["token_ids"]], args.max_tokens)
+    breakdown = engine.time_breakdown(step_records(llm), args.k + 1, request.decode_s)
+    run = {
+        "method": method,
+        "length": prompt["length"],
+        "text": prompt["text"],
+        "wall_s": wall_s,
+        "ttft_s": request.ttft_s,
+        "decode_s": request.decode_s,
+        "tokens": request.tokens,
+        "accepted_per_step": request.accepted_per_step,
+        "drafted_per_step": request.drafted_per_step,
+        "time_per_step": breakdown,
+    }
+    if retrieval_before:
+        after = retrieval_counters(llm)
+        steps = max(breakdown.get("steps", 0), 1)
+        reduced_steps = after["reduced_draft_steps"] - retrieval_before["reduced_draft_steps"]
+        kept_tokens = (
+            after["mean_kept_tokens"] * after["reduced_draft_steps"]
+            - retrieval_before["mean_kept_tokens"] * retrieval_before["reduced_draft_steps"]
+        )
+        run["retrieval"] = {
+            "retrievals": after["retrievals"] - retrieval_before["retrievals"],
+            "reduced_draft_steps": reduced_steps,
+            "mean_kept_tokens": kept_tokens / reduced_steps if reduced_steps else None,
+            "scorer_s_per_step": (after["scorer_seconds"] - retrieval_before["scorer_seconds"]) / steps,
+        }
+        breakdown["scorer_s"] = run["retrieval"]["scorer_s_per_step"]
+    return run
+
+
+def speed_table(runs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    baseline_tokens = {(r["length"], r["text"]): r["tokens"] for r in runs if r["method"] == "no_speculation"}
+    rows = []
+    for method in dict.fromkeys(r["method"] for r in runs):
+        for length in sorted({r["length"] for r in runs}):
+            group = [r for r in runs if r["method"] == method and r["length"] == length]
+            if not group:
+                continue
+            requests = [
+                engine.RequestFigures(r["tokens"], r["ttft_s"], r["decode_s"], r["accepted_per_step"], r["drafted_per_step"])
+                for r in group
+            ]
+            generated = sum(len(r["tokens"]) for r in group)
+            rows.append(
+                {
+                    "method": method,
+                    "length": length,
+                    "prompts": len(group),
+                    "decode_tokens_per_s": sum(len(r["tokens"]) - 1 for r in group) / sum(r["decode_s"] for r in group),
+                    "end_to_end_tokens_per_s": generated / sum(r["engine_ttft_s"] + r["decode_s"] for r in group),
+                    "ttft_s": sum(r["engine_ttft_s"] for r in group) / len(group),
+                    "mean_acceptance_length": engine.mean_acceptance_length(requests),
+                    "acceptance_per_position": engine.acceptance_per_position(requests, k),
+                    "same_output_as_no_speculation": all(
+                        r["tokens"] == baseline_tokens.get((r["length"], r["text"])) for r in group
+                    ),
+                    "time_per_step": mean_breakdown([r["time_per_step"] for r in group]),
+                }
+            )
+    for row in rows:
+        for reference in ("no_speculation", "draft_model"):
+            ref = next((r for r in rows if r["method"] == reference and r["length"] == row["length"]), None)
+            if ref:
+                row[f"decode_vs_{reference}"] = row["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+    return rows
+
+
+def mean_breakdown(breakdowns: list[dict[str, Any]]) -> dict[str, float]:
+    breakdowns = [b for b in breakdowns if b]
+    if not breakdowns:
+        return {}
+    keys = [k for k in breakdowns[0] if k != "steps"]
+    return {k: sum(b.get(k, 0.0) for b in breakdowns) / len(breakdowns) for k in keys}
+
+
+# --- needle ------------------------------------------------------------------------------
+
+
+def run_needle(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from benchmarks.assets import long_texts
+    from specextend_vllm import reconfigure
+
+    haystack = long_texts()[HAYSTACK]
+    config = engine_configs(draft, args)["specextend"]
+    llm = engine.make_llm(target, config, max(args.lengths) + args.max_tokens + 64, block_size=args.block_size)
+    reconfigure(llm, token_budget=args.budget, activation_length=args.activation_length)
+    trials = []
+    cases = [(length, depth) for length in args.lengths for depth in args.depths]
+    with tqdm(total=len(cases) * len(POLICIES), desc="needle") as progress:
+        for seed, (length, depth) in enumerate(cases):
+            prompt = needle_prompt(tokenizer, haystack, length, depth, seed)
+            llm.reset_prefix_cache()
+            for policy in POLICIES:
+                reconfigure(llm, policy=policy)
+                [request], _ = engine.generate(llm, [prompt.token_ids], args.max_tokens)
+                trials.append(needle_trial(tokenizer, prompt, policy, length, request))
+                progress.update()
+    engine.close(llm)
+    return {"trials": trials, "table": needle_table(trials)}
+
+
+def needle_trial(tokenizer: Any, prompt: Any, policy: str, length: int, request: engine.RequestFigures) -> dict[str, Any]:
+    """Counts the needle's tokens in the target's answer by where they came from; tokens of
+    the first verify step are left out (that draft ran right after prefill, on the full cache)."""
+    span = needle_token_span(tokenizer, request.tokens, prompt.value)
+    origins = draft_origin_of_tokens(request.accepted_per_step, request.drafted_per_step, len(request.tokens))
+    first_step_end = 1 + (request.accepted_per_step[0] + 1 if request.accepted_per_step else 0)
+    counted = [origins[i] for i in (span or []) if i >= first_step_end and i < len(origins)]
+    hits = counted.count("accepted")
+    misses = counted.count("corrected")
+    return {
+        "policy": policy,
+        "length": length,
+        "depth": prompt.depth,
+        "needle_position": prompt.needle_position,
+        "value": prompt.value,
+        "target_answered": span is not None,
+        "draft_hits": hits,
+        "draft_misses": misses,
+        "text": tokenizer.decode(request.tokens),
+    }
+
+
+def needle_table(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for policy in POLICIES:
+        for length in dict.fromkeys(t["length"] for t in trials):
+            group = [t for t in trials if t["policy"] == policy and t["length"] == length and t["target_answered"]]
+            hits = sum(t["draft_hits"] for t in group)
+            proposed = hits + sum(t["draft_misses"] for t in group)
+            rows.append(
+                {
+                    "policy": policy,
+                    "length": length,
+                    "trials": len(group),
+                    "needle_tokens_drafted": hits / proposed if proposed else None,
+                    "trials_fully_drafted": sum(t["draft_misses"] == 0 and t["draft_hits"] > 0 for t in group) / len(group)
+                    if group
+                    else None,
+                }
+            )
+    return rows
+
+
+# --- batch -------------------------------------------------------------------------------
+
+
+def run_batch(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from benchmarks.assets import long_texts
+
+    texts = long_texts()
+    names = (BATCH_TEXTS * args.batch_size)[: args.batch_size]
+    prompts = [summary_prompt(tokenizer, texts[name], args.length) for name in names]
+    configs = engine_configs(draft, args)
+    rows = []
+    baseline: list[list[int]] | None = None
+    for engine_name in tqdm(configs, desc="batch"):
+        llm = engine.make_llm(
+            target, configs[engine_name], args.length + args.max_tokens + 64, block_size=args.block_size
+        )
+        prefill, prefill_s = engine.generate(llm, prompts, 1)
+        step_records(llm)
+        requests, decode_s = engine.generate(llm, prompts, args.max_tokens)
+        breakdown = engine.time_breakdown(step_records(llm), args.batch_size * (args.k + 1), decode_s)
+        tokens = [r.tokens for r in requests]
+        baseline = tokens if baseline is None else baseline
+        rows.append(
+            {
+                "method": engine_name if engine_name != "specextend" else "specextend_cmr",
+                "batch_size": args.batch_size,
+                "length": args.length,
+                "prefill_s": prefill_s,
+                "decode_s": decode_s,
+                "decode_tokens_per_s": sum(len(t) for t in tokens) / decode_s,
+                "end_to_end_tokens_per_s": sum(len(t) for t in tokens) / (prefill_s + decode_s),
+                "mean_acceptance_length": engine.mean_acceptance_length(requests),
+                "same_output_as_no_speculation": tokens == baseline,
+                "time_per_step": breakdown,
+                "retrieval": retrieval_counters(llm) if engine_name == "specextend" else None,
+            }
+        )
+        engine.close(llm)
+        del llm
+    for row in rows:
+        for reference in ("no_speculation", "draft_model"):
+            ref = next(r for r in rows if r["method"] == reference)
+            row[f"decode_vs_{reference}"] = row["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+    return {"table": rows}
+
+
+# --- draft step ----------------------------------------------------------------------------
+
+
+def run_draft_step(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    """The draft model alone, decoding after prompts of each length: the time of one draft
+    pass attending to that many tokens. A pass over a `token_budget` of 1K reads about as
+    many tokens as the 1K row, whatever the context."""
+    from tqdm import tqdm
+
+    from benchmarks.assets import long_texts
+
+    text = long_texts()[args.texts[0]]
+    llm = engine.make_llm(draft, None, max(args.lengths) + args.max_tokens + 64, block_size=args.block_size)
+    rows = []
+    for length in tqdm(args.lengths, desc="draft step"):
+        step_records(llm)
+        [request], _ = engine.generate(llm, [summary_prompt(tokenizer, text, length)], args.max_tokens)
+        records = [r for r in step_records(llm) if r["num_target_tokens"] == 1]
+        rows.append(
+            {
+                "attended_tokens": length,
+                "draft_pass_s": sum(r["target_forward_s"] for r in records) / len(records),
+                "decode_step_s": request.decode_s / (len(request.tokens) - 1),
+            }
+        )
+    engine.close(llm)
+    return {"table": rows}
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+SECTIONS = {"speed": run_speed, "needle": run_needle, "batch": run_batch, "draft_step": run_draft_step}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("section", choices=[*SECTIONS, "plot"])
+    parser.add_argument("--target", type=Path, help="model folder or Hugging Face id (default: Qwen2.5-Coder 1.5B)")
+    parser.add_argument("--draft", type=Path, help="model folder or Hugging Face id (default: Qwen2.5-Coder 0.5B)")
+    parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--block-size", type=int, help="KV cache block size (vLLM's default if not given)")
+    parser.add_argument("--output", help="results file name without .json (default: long_inputs_SECTION)")
+    parser.add_argument(
+        "--specextend-keys", type=json.loads, default={}, help="extra keys of the specextend config, as JSON"
+    )
+    parser.add_argument("--lengths", type=int, nargs="+", help="prompt lengths in tokens")
+    parser.add_argument("--max-tokens", type=int, help="new tokens per request")
+    parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name")
+    parser.add_argument("--texts-per-length", type=int, default=2, help="speed: prompts per length")
+    parser.add_argument(
+        "--append", action="store_true", help="speed: add these runs to the saved ones (more texts or lengths)"
+    )
+    parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9], help="needle")
+    parser.add_argument("--budget", type=int, default=256, help="needle: token_budget")
+    parser.add_argument("--activation-length", type=int, default=512, help="needle: activation_length")
+    parser.add_argument("--batch-size", type=int, default=8, help="batch")
+    parser.add_argument("--length", type=int, default=2048, help="batch: prompt length")
+    args = parser.parse_args()
+    defaults = {
+        "speed": ([1024, 2048, 4096, 8192], 64),
+        "needle": ([1024, 2048, 4096], 32),
+        "batch": (None, 64),
+        "draft_step": ([1024, 4096, 16384], 16),
+        "plot": (None, None),
+    }[args.section]
+    args.lengths = args.lengths or defaults[0]
+    args.max_tokens = args.max_tokens or defaults[1]
+    return args
+
+
+def main() -> None:
+    from transformers import AutoTokenizer
+
+    from benchmarks.assets import qwen_pair
+    from benchmarks.plots import plot_speed
+
+    args = parse_args()
+    if args.section == "plot":
+        for path in plot_speed(speed_results_path()):
+            print(f"saved {path}")
+        return
+    if args.draft and args.target:
+        draft, target = args.draft, args.target
+    else:
+        default_draft, default_target = qwen_pair()
+        draft, target = args.draft or default_draft, args.target or default_target
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    results = SECTIONS[args.section](args, draft, target, tokenizer)
+    record = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"target": str(target), "draft": str(draft)},
+        "machine": engine.machine(),
+        **results,
+    }
+    engine.RESULTS.mkdir(exist_ok=True)
+    path = engine.RESULTS / f"{args.output or f'long_inputs_{args.section}'}.json"
+    path.write_text(json.dumps(record, indent=1))
+    print_table(results["table"])
+    print(f"saved {path}")
+    if args.section == "speed":
+        for png in plot_speed(path):
+            print(f"saved {png}")
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    columns = [k for k, v in rows[0].items() if not isinstance(v, (dict, list)) and v is not None or k == "mean_acceptance_length"]
+    print(" | ".join(columns))
+    for row in rows:
+        print(" | ".join(f"{row.get(c):.3g}" if isinstance(row.get(c), float) else str(row.get(c)) for c in columns))
+
+
+if __name__ == "__main__":
+    main()

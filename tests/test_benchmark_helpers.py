@@ -1,0 +1,38 @@
+"""The pure helpers the benchmarks read their figures with."""
+
+from __future__ import annotations
+
+from benchmarks.engine import RequestFigures, acceptance_per_position, mean_acceptance_length, time_breakdown
+from benchmarks.prompts import draft_origin_of_tokens, needle_value
+
+
+def test_origin_of_each_output_token() -> None:
+    origins = draft_origin_of_tokens([2, 4], [4, 4], 9)
+    assert origins == ["prefill", "accepted", "accepted", "corrected"] + ["accepted"] * 4 + ["bonus"]
+    assert draft_origin_of_tokens([2, 4], [4, 4], 5) == origins[:5]
+
+
+def test_acceptance_per_position_and_mean_length() -> None:
+    requests = [RequestFigures([], 0.0, 0.0, [4, 1], [4, 4]), RequestFigures([], 0.0, 0.0, [0, 2], [4, 4])]
+    assert acceptance_per_position(requests, 4) == [0.75, 0.5, 0.25, 0.25]
+    assert mean_acceptance_length(requests) == 1 + 7 / 4
+    assert mean_acceptance_length([RequestFigures([1], 0.0, 0.0, [], [])]) is None
+
+
+def test_time_breakdown_leaves_out_prefill_steps() -> None:
+    records = [
+        {"num_target_tokens": 900, "target_forward_s": 9.0, "propose_s": 5.0, "draft_passes_s": [4.0, 0.3]},
+        {"num_target_tokens": 5, "target_forward_s": 0.2, "propose_s": 0.3, "draft_passes_s": [0.1, 0.05, 0.05]},
+        {"num_target_tokens": 3, "target_forward_s": 0.2, "propose_s": 0.3, "draft_passes_s": [0.1, 0.05, 0.05]},
+    ]
+    breakdown = time_breakdown(records, max_decode_tokens=5, decode_wall_s=1.2)
+    assert breakdown["steps"] == 2
+    assert breakdown["step_s"] == 0.6 and breakdown["target_forward_s"] == 0.2
+    assert breakdown["first_draft_pass_s"] == 0.1 and breakdown["later_draft_pass_s"] == 0.05
+    assert abs(breakdown["other_s"] - 0.1) < 1e-12
+
+
+def test_needle_value_is_seeded_digits() -> None:
+    value = needle_value(3)
+    assert value == needle_value(3) != needle_value(4)
+    assert [len(group) for group in value.split("-")] == [4] * 5 and value.replace("-", "").isdigit()
