@@ -121,7 +121,7 @@ def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
             del llm
     earlier: dict[str, Any] = {}
     if args.append:
-        earlier = json.loads(speed_results_path().read_text())
+        earlier = json.loads(results_path(args).read_text())
         runs = earlier["runs"] + runs
     return {
         "runs": runs,
@@ -130,8 +130,9 @@ def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
     }
 
 
-def speed_results_path() -> Path:
-    return engine.RESULTS / "long_inputs_speed.json"
+def results_path(args: argparse.Namespace) -> Path:
+    section = "speed" if args.section == "plot" else args.section
+    return engine.RESULTS / f"{args.output or f'long_inputs_{section}'}.json"
 
 
 def measure_one(llm: Any, method: str, prompt: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -412,7 +413,7 @@ def main() -> None:
 
     args = parse_args()
     if args.section == "plot":
-        for path in plot_speed(speed_results_path()):
+        for path in plot_speed(results_path(args)):
             print(f"saved {path}")
         return
     if args.draft and args.target:
@@ -428,7 +429,7 @@ def main() -> None:
         **results,
     }
     engine.RESULTS.mkdir(exist_ok=True)
-    path = engine.RESULTS / f"{args.output or f'long_inputs_{args.section}'}.json"
+    path = results_path(args)
     path.write_text(json.dumps(record, indent=1))
     print_table(results["table"])
     print(f"saved {path}")

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import torch
-import vllm.v1.sample.rejection_sampler as rejection_sampler
 
-from specextend_vllm import register
+from specextend_vllm import patches, register
 from specextend_vllm.sampling import expand_batch_to_tokens
 
 
@@ -29,7 +28,7 @@ def test_expand_repeats_each_value_per_draft_token_and_replaces() -> None:
 
 def test_plugin_replaces_vllm_cpu_expand() -> None:
     register()
-    expanded = rejection_sampler.expand_batch_to_tokens(
+    expanded = patches.ExpandBatchToTokensOnCpu.target.expand_batch_to_tokens(
         torch.tensor([0.5, 2.0]), torch.tensor([3, 5], dtype=torch.int32), 5
     )
     assert expanded.tolist() == [0.5, 0.5, 0.5, 2.0, 2.0]
