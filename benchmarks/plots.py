@@ -32,7 +32,7 @@ def plot_speed(results_path: Path) -> list[Path]:
         axes.set_title(f"{label} against prompt length ({record['machine']['cpu']})", fontsize=8)
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
-        path = results_path.with_name(f"long_inputs_{name}.png")
+        path = results_path.with_name(f"{results_path.stem}_{name}.png")
         figure.tight_layout()
         figure.savefig(path, dpi=120)
         plt.close(figure)

@@ -9,6 +9,13 @@ from typing import Any, Literal, get_args
 METHOD_NAME = "specextend"
 
 RetrievalPolicy = Literal["cmr", "streaming", "full"]
+DraftPositions = Literal["auto", "absolute", "compact"]
+RetrievalTrigger = Literal["interval", "adaptive"]
+CHOICE_KEYS: Mapping[str, Any] = {
+    "policy": RetrievalPolicy,
+    "positions": DraftPositions,
+    "retrieval_trigger": RetrievalTrigger,
+}
 
 # Keys of vLLM's SpeculativeConfig that the plugin cannot honour with `specextend`.
 INCOMPATIBLE_SPECULATIVE_KEYS: Mapping[str, Any] = {
@@ -29,6 +36,14 @@ class SpecExtendConfig:
         shorter requests draft on the full cache.
     policy: `cmr` (chunks ranked by the target's final-layer attention), `streaming`
         (the first chunk and the most recent ones) or `full` (no reduction).
+    positions: where the draft sees its kept chunks. `absolute`: at their places in the
+        prompt. `compact`: side by side right before the newest tokens, so the draft's
+        attention spans no more than the kept tokens plus the tail, as if the prompt were
+        that short. `auto`: compact for requests longer than the draft's trained length.
+    retrieval_trigger: `interval` selects every `retrieval_interval` draft steps;
+        `adaptive` also selects as soon as a verification accepts no draft token or the
+        kept chunks' share of the target's attention falls well below its share when
+        they were selected, and at the latest every `retrieval_interval` steps.
     """
 
     chunk_size: int | None = None
@@ -36,15 +51,17 @@ class SpecExtendConfig:
     retrieval_interval: int = 4
     activation_length: int = 2048
     policy: RetrievalPolicy = "cmr"
+    positions: DraftPositions = "auto"
+    retrieval_trigger: RetrievalTrigger = "interval"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name == "policy":
-                allowed = get_args(RetrievalPolicy)
+            if field.name in CHOICE_KEYS:
+                allowed = get_args(CHOICE_KEYS[field.name])
                 if value not in allowed:
                     raise ValueError(
-                        f"speculative_config['policy'] must be one of {list(allowed)}, "
+                        f"speculative_config['{field.name}'] must be one of {list(allowed)}, "
                         f"got {value!r}."
                     )
                 continue
@@ -56,9 +73,7 @@ class SpecExtendConfig:
                     f"got {value!r} ({type(value).__name__})."
                 )
             if value < 1:
-                raise ValueError(
-                    f"speculative_config['{field.name}'] must be >= 1, got {value}."
-                )
+                raise ValueError(f"speculative_config['{field.name}'] must be >= 1, got {value}.")
         if self.activation_length < self.token_budget:
             raise ValueError(
                 "speculative_config['activation_length'] must be >= "
@@ -108,9 +123,7 @@ class SpecExtendConfig:
             **{key: speculative_config[key] for key in own_keys & set(speculative_config)}
         )
         vllm_config = {
-            key: value
-            for key, value in speculative_config.items()
-            if key not in own_keys
+            key: value for key, value in speculative_config.items() if key not in own_keys
         }
         vllm_config["method"] = "draft_model"
         return method_config, vllm_config
@@ -130,6 +143,33 @@ class SpecExtendConfig:
                 f"({chunk_size}), got {self.token_budget}."
             )
         return dataclasses.replace(self, chunk_size=chunk_size)
+
+    def check_draft_trained_length(self, trained_length: int) -> None:
+        """With compact positions, a request past the draft's trained length must draft on
+        the reduced cache, and the kept tokens must fit in that length."""
+        if self.positions == "absolute" or self.policy == "full":
+            return
+        if self.activation_length > trained_length:
+            raise ValueError(
+                f"speculative_config['activation_length'] ({self.activation_length}) must be "
+                f"<= the draft's trained length ({trained_length} positions) with positions "
+                f"{self.positions!r}, so that requests past that length draft on compact "
+                "positions; lower it, or set positions 'absolute'."
+            )
+        if self.token_budget >= trained_length:
+            raise ValueError(
+                f"speculative_config['token_budget'] ({self.token_budget}) must be below the "
+                f"draft's trained length ({trained_length} positions) with positions "
+                f"{self.positions!r}."
+            )
+
+    def uses_compact_positions(self) -> bool:
+        return self.policy != "full" and self.positions != "absolute"
+
+    @property
+    def max_kept_tokens(self) -> int:
+        assert self.chunk_size is not None, "resolve_chunk_size() first"
+        return self.num_kept_chunks * self.chunk_size
 
     @property
     def num_kept_chunks(self) -> int:

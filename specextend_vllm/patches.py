@@ -12,24 +12,31 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
-
-import vllm.v1.sample.rejection_sampler as rejection_sampler
-import vllm.v1.worker.gpu_model_runner as gpu_model_runner
 from vllm.config import VllmConfig, get_layers_from_vllm_config
+from vllm.config.speculative import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.rotary_embedding import (
+    LinearScalingRotaryEmbedding,
+    Llama3RotaryEmbedding,
+    RotaryEmbedding,
+)
+from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
-from vllm.config.speculative import SpeculativeConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.sample import rejection_sampler
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
+from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.worker_base import WorkerBase
 
-from specextend_vllm import ops, sampling
+from specextend_vllm import ops, positions, sampling
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
 from specextend_vllm.profiling import StepTimer, device_synchronizer, step_timings_enabled
 
-logger = init_logger("specextend_vllm")
+logger = init_logger("vllm.specextend")
 
 __all__ = ["DraftModelProposer", "apply_all"]
 
@@ -69,7 +76,12 @@ _VLLM_SPECULATIVE_KEYS = frozenset(
     field.name
     for field in dataclasses.fields(SpeculativeConfig)
     if field.name
-    not in {"target_model_config", "target_parallel_config", "draft_model_config", "draft_parallel_config"}
+    not in {
+        "target_model_config",
+        "target_parallel_config",
+        "draft_model_config",
+        "draft_parallel_config",
+    }
 )
 
 
@@ -96,8 +108,17 @@ class SpeculativeConfigFromDict(VllmPatch):
             self.speculative_config = user_config
         if not speculative_config.use_heterogeneous_vocab:
             speculative_config.verify_equal_vocab_size_if_draft_model()
+        method_config.check_draft_trained_length(draft_trained_length(speculative_config))
         self._specextend_config = method_config
         return speculative_config
+
+
+def draft_trained_length(speculative_config: SpeculativeConfig) -> int:
+    draft_config = speculative_config.draft_model_config
+    assert draft_config is not None
+    return int(
+        getattr(draft_config.hf_text_config, "max_position_embeddings", draft_config.max_model_len)
+    )
 
 
 class EngineConfigCarriesSpecExtend(VllmPatch):
@@ -186,6 +207,66 @@ class RequestLifecycle(VllmPatch):
         return RequestLifecycle.original(self, scheduler_output)
 
 
+class DraftsPastTrainedLength(VllmPatch):
+    """vLLM runs no draft for a batch holding a request longer than the draft's own
+    max_model_len (it verifies dummy drafts instead). `specextend` drafts for requests up
+    to the target's length: on compact positions, or on absolute positions with the
+    draft's RoPE table extended."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_input_fits_in_drafter"
+
+    @staticmethod
+    def replacement(self: Any, common_attn_metadata: Any) -> bool:
+        if _specextend_config(self.vllm_config) is None or common_attn_metadata is None:
+            return DraftsPastTrainedLength.original(self, common_attn_metadata)
+        return common_attn_metadata.max_seq_len + self.num_spec_tokens <= self.max_model_len
+
+
+class SchedulerLeavesWorkingCopyBlocks(VllmPatch):
+    """With compact positions the scheduler allocates from fewer blocks than the workers
+    hold: the last ones keep the draft's re-rotated working copies."""
+
+    target = Scheduler
+    attribute = "__init__"
+
+    @staticmethod
+    def replacement(
+        self: Any,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        reserved = working_copy_manager_blocks(vllm_config, kv_cache_config)
+        if reserved:
+            logger.info(
+                "SpecExtend: %d of %d KV cache blocks hold the draft's compact working copies",
+                reserved,
+                kv_cache_config.num_blocks,
+            )
+            kv_cache_config = dataclasses.replace(
+                kv_cache_config, num_blocks=kv_cache_config.num_blocks - reserved
+            )
+        SchedulerLeavesWorkingCopyBlocks.original(
+            self, vllm_config, kv_cache_config, *args, **kwargs
+        )
+
+
+def working_copy_manager_blocks(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> int:
+    """Blocks (of the scheduler's size) the workers keep for compact working copies."""
+    method_config = _specextend_config(vllm_config)
+    if method_config is None or not method_config.uses_compact_positions():
+        return 0
+    block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+    return positions.reserved_manager_blocks(
+        kv_cache_config.num_blocks,
+        vllm_config.scheduler_config.max_num_seqs,
+        method_config.max_kept_tokens,
+        block_size,
+    )
+
+
 class WorkerReportsRetrievalStats(VllmPatch):
     """Adds the worker method that `specextend_vllm.retrieval_stats` calls by name through
     `collective_rpc` (a name needs no pickling across processes)."""
@@ -199,7 +280,10 @@ class WorkerReportsRetrievalStats(VllmPatch):
         stats = getattr(drafter, "stats", None)
         if stats is None:
             return {}
-        return {**stats.summary(), "selections": [dataclasses.asdict(s) for s in stats.selections()]}
+        return {
+            **stats.summary(),
+            "selections": [dataclasses.asdict(s) for s in stats.selections()],
+        }
 
 
 class WorkerReconfiguresSpecExtend(VllmPatch):
@@ -229,7 +313,9 @@ class TimeTargetForward(VllmPatch):
     attribute = "_model_forward"
 
     @staticmethod
-    def replacement(self: Any, input_ids: Any = None, positions: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def replacement(
+        self: Any, input_ids: Any = None, positions: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
         num_tokens = positions.shape[-1] if positions is not None else input_ids.shape[-1]
         with _step_timer(self).target_forward(num_tokens):
             return TimeTargetForward.original(self, input_ids, positions, *args, **kwargs)
@@ -245,7 +331,9 @@ class TimeDraftProposal(VllmPatch):
     def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
         timer = _step_timer(self)
         draft_model = getattr(self.drafter, "model", None)
-        if isinstance(draft_model, torch.nn.Module) and not getattr(draft_model, "_specextend_timed", False):
+        if isinstance(draft_model, torch.nn.Module) and not getattr(
+            draft_model, "_specextend_timed", False
+        ):
             draft_model.register_forward_pre_hook(lambda *_: timer.draft_pass_started())
             draft_model.register_forward_hook(lambda *_: timer.draft_pass_finished())
             draft_model._specextend_timed = True
@@ -283,6 +371,8 @@ PATCHES: tuple[type[VllmPatch], ...] = (
     V1ModelRunnerForSpecExtend,
     ProposerForSpecExtend,
     RequestLifecycle,
+    DraftsPastTrainedLength,
+    SchedulerLeavesWorkingCopyBlocks,
     WorkerReportsRetrievalStats,
     WorkerReconfiguresSpecExtend,
 )
@@ -314,12 +404,19 @@ def target_final_attention_layer(vllm_config: VllmConfig, draft_layer_names: set
     return target_layers[max(target_layers, key=extract_layer_index)]
 
 
+def attention_layers(vllm_config: VllmConfig, layer_names: set[str]) -> list[Attention]:
+    layers = get_layers_from_vllm_config(vllm_config, Attention)
+    return [layers[name] for name in sorted(layer_names)]
+
+
 def observe_attention_query(layer: Attention, observe: Callable[[torch.Tensor], None]) -> None:
     """Calls `observe(query)` with the post-RoPE query of each forward of `layer`."""
     forward = layer.impl.forward
 
     @functools.wraps(forward)
-    def forward_observing_query(attn_layer: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def forward_observing_query(
+        attn_layer: Any, query: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> Any:
         observe(query)
         return forward(attn_layer, query, *args, **kwargs)
 
@@ -340,3 +437,52 @@ def key_cache_view(layer: Attention) -> torch.Tensor:
             f"(float32/float16 caches on x86 without AMX); this layer uses '{isa}'."
         )
     return ops.cpu_vec_key_cache_view(kv_cache)
+
+
+def kv_cache_blocks(layer: Attention) -> torch.Tensor:
+    """The layer's paged KV cache with the block index first (keys and values together)."""
+    kv_cache = layer.kv_cache
+    if isinstance(kv_cache, list):
+        kv_cache = kv_cache[0]
+    return kv_cache.transpose(0, 1) if kv_cache.dim() == 5 else kv_cache
+
+
+# RoPE variants whose angles are the position times fixed frequencies, with cosines and
+# sines of unit scale: their tables extend to any length and compose by adding positions.
+_LINEAR_ROPE_TYPES = (RotaryEmbedding, Llama3RotaryEmbedding, LinearScalingRotaryEmbedding)
+
+
+@dataclasses.dataclass
+class DraftRotation:
+    """The draft's rotary embedding, as the working copies re-rotate keys with it."""
+
+    cos_sin: torch.Tensor  # [positions, rotary_dim], float32
+    rotary_dim: int
+    is_neox_style: bool
+
+
+def extend_draft_rotary_table(
+    draft_model: torch.nn.Module, num_positions: int
+) -> DraftRotation | None:
+    """Extends the draft's RoPE table to `num_positions` rows, so that the draft computes
+    the angles of positions past its trained length instead of reading past the table.
+    Returns None for a draft whose RoPE does not compose by adding positions."""
+    rotaries = {id(m): m for m in draft_model.modules() if isinstance(m, RotaryEmbeddingBase)}
+    linear = [m for m in rotaries.values() if type(m) in _LINEAR_ROPE_TYPES]
+    if len(rotaries) != 1 or len(linear) != 1:
+        logger.warning(
+            "SpecExtend: the draft's rotary embeddings %s are not one plain RoPE; compact "
+            "positions are off and its table is left as it is",
+            sorted({type(m).__name__ for m in rotaries.values()}),
+        )
+        return None
+    [rotary] = linear
+    if rotary.cos_sin_cache.shape[0] < num_positions:
+        rotary.max_position_embeddings = num_positions
+        table = rotary._compute_cos_sin_cache()
+        rotary.cos_sin_cache = table.to(rotary.cos_sin_cache.device, rotary.cos_sin_cache.dtype)
+    else:
+        table = rotary._compute_cos_sin_cache()
+    return DraftRotation(
+        table.float().to(rotary.cos_sin_cache.device), rotary.rotary_dim, rotary.is_neox_style
+    )

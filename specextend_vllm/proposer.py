@@ -10,20 +10,27 @@ import torch
 
 from specextend_vllm import patches
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
+from specextend_vllm.positions import WorkingCopies, kept_block_shifts, rotate_keys
 from specextend_vllm.retrieval import (
     RetrievalState,
     chunks_to_blocks,
+    kept_attention_share,
     reduced_block_indices,
     select_chunks,
 )
 from specextend_vllm.scoring import ChunkScorer, FinalLayerQuery
 from specextend_vllm.stats import RetrievalStats
 
+# Adaptive retrieval selects again once the kept chunks' share of the target's attention
+# falls below this fraction of their share when selected.
+ADAPTIVE_SHARE_RATIO = 0.9
+
 
 @dataclasses.dataclass
 class ReducedDraftView:
     """What the draft attends to in one propose() call: a block table holding the kept
-    blocks then the tail blocks, and how many tokens shorter each reduced sequence is."""
+    blocks (or their compact working copies) then the tail blocks, and how many tokens
+    shorter each reduced sequence is."""
 
     block_table: torch.Tensor
     seq_len_offset: torch.Tensor
@@ -39,9 +46,15 @@ class SpecExtendProposer(patches.DraftModelProposer):
         self.chunk_scorer: ChunkScorer | None = None
         self._reduced_view: ReducedDraftView | None = None
         self._reduced_block_table: torch.Tensor | None = None
+        self.rotation: patches.DraftRotation | None = None
+        self.trained_length = patches.draft_trained_length(vllm_config.speculative_config)
+        self._working_copy_region = (0, 0)
+        self.working_copies: WorkingCopies | None = None
+        self._draft_layers: list[Any] = []
 
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
+        self.rotation = patches.extend_draft_rotary_table(self.model, self.max_model_len)
         layer = patches.target_final_attention_layer(self.vllm_config, self._draft_attn_layer_names)
         final_layer_query = FinalLayerQuery(layer.num_heads, layer.head_size)
         patches.observe_attention_query(layer, final_layer_query.observe)
@@ -53,14 +66,25 @@ class SpecExtendProposer(patches.DraftModelProposer):
         )
         self.stats.scorer = self.chunk_scorer
 
-    def initialize_attn_backend(self, *args: Any, **kwargs: Any) -> None:
-        super().initialize_attn_backend(*args, **kwargs)
+    def initialize_attn_backend(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().initialize_attn_backend(kv_cache_config, *args, **kwargs)
         chunk_size = self.method_config.chunk_size
         if chunk_size % self.block_size:
             raise ValueError(
                 f"speculative_config['chunk_size'] ({chunk_size}) must be a multiple "
                 f"of the attention kernel's block size ({self.block_size})."
             )
+        reserved = patches.working_copy_manager_blocks(self.vllm_config, kv_cache_config)
+        kernel_blocks_per_manager_block = (
+            kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size // self.block_size
+        )
+        self._working_copy_region = (
+            (kv_cache_config.num_blocks - reserved) * kernel_blocks_per_manager_block,
+            reserved * kernel_blocks_per_manager_block,
+        )
+        self._draft_layers = patches.attention_layers(
+            self.vllm_config, self._draft_attn_layer_names
+        )
         self.retrieval_state = self._new_retrieval_state()
 
     def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
@@ -72,8 +96,20 @@ class SpecExtendProposer(patches.DraftModelProposer):
             raise ValueError(
                 f"cannot reconfigure {unknown} on a running engine; allowed keys: {sorted(allowed)}."
             )
-        config = dataclasses.replace(self.method_config, **changes)
-        self.method_config = config.resolve_chunk_size(self.block_size)
+        config = dataclasses.replace(self.method_config, **changes).resolve_chunk_size(
+            self.block_size
+        )
+        config.check_draft_trained_length(self.trained_length)
+        if (
+            config.positions == "compact"
+            and config.uses_compact_positions()
+            and not self._working_copy_region[1]
+        ):
+            raise ValueError(
+                "cannot switch to positions 'compact': the engine started with positions "
+                "'absolute' or policy 'full' and set no KV cache blocks aside for working copies."
+            )
+        self.method_config = config
         self.retrieval_state = self._new_retrieval_state()
         patches.logger.info("SpecExtend reconfigured: %s", self.method_config.to_dict())
         return self.method_config
@@ -81,7 +117,10 @@ class SpecExtendProposer(patches.DraftModelProposer):
     def _new_retrieval_state(self) -> RetrievalState:
         config = self.method_config
         assert config.chunk_size is not None
-        max_kept_blocks = config.num_kept_chunks * (config.chunk_size // self.block_size)
+        max_kept_blocks = config.max_kept_tokens // self.block_size
+        self.working_copies = WorkingCopies(
+            *self._working_copy_region, max_kept_blocks, self.device
+        )
         return RetrievalState(self.max_batch_size, max_kept_blocks, self.device)
 
     def on_requests_changed(self, finished: set[str], restarted: set[str]) -> None:
@@ -103,7 +142,10 @@ class SpecExtendProposer(patches.DraftModelProposer):
     ) -> torch.Tensor:
         if self.method_config.policy != "full" and self.retrieval_state is not None:
             self._reduced_view = self._plan_reduced_view(
-                num_speculative_tokens, target_positions, token_indices_to_sample, common_attn_metadata
+                num_speculative_tokens,
+                target_positions,
+                token_indices_to_sample,
+                common_attn_metadata,
             )
         try:
             return super().propose(
@@ -162,12 +204,25 @@ class SpecExtendProposer(patches.DraftModelProposer):
         eligible = (context_lens >= config.activation_length) & (
             query_lens <= num_speculative_tokens + 1
         )
+        compact = self._drafts_compact(context_lens, slots)
         steps_since_selection = state.steps_since_selection[slots]
+        selected = steps_since_selection >= 0
         needs_selection = eligible & (
-            (steps_since_selection < 0)
+            ~selected
             | (steps_since_selection >= config.retrieval_interval)
             | (first_query_positions < state.tail_start_block[slots] * self.block_size)
+            | (compact != state.compact[slots])
         )
+        if config.retrieval_trigger == "adaptive":
+            needs_selection |= self._adaptive_trigger(
+                eligible & selected & ~needs_selection,
+                slots,
+                sample_rows,
+                sample_rows - query_start_loc[:-1],
+                context_lens,
+                common_attn_metadata,
+                blocks_per_chunk,
+            )
         selected_rows = needs_selection.nonzero().squeeze(1)
         if selected_rows.numel():
             self._select(
@@ -177,6 +232,7 @@ class SpecExtendProposer(patches.DraftModelProposer):
                 sample_rows,
                 context_lens,
                 tail_start_chunk,
+                compact,
                 common_attn_metadata,
                 blocks_per_chunk,
             )
@@ -191,10 +247,73 @@ class SpecExtendProposer(patches.DraftModelProposer):
         reduced = self._reduced_block_table_buffer(full_block_table)
         reduced[:num_reqs] = full_block_table[:num_reqs].gather(1, indices)
         reduced[num_reqs:] = full_block_table[num_reqs:]
+        drafts_on_copy = active & state.compact[slots]
+        self._point_kept_blocks_to_working_copies(
+            reduced[:num_reqs], slots, drafts_on_copy, num_kept_blocks
+        )
         seq_len_offset = (tail_start_block - num_kept_blocks) * self.block_size
         state.steps_since_selection.index_add_(0, slots, active.long())
-        self.stats.record_draft_step(active, context_lens, seq_len_offset)
+        self.stats.record_draft_step(active, drafts_on_copy, context_lens, seq_len_offset)
         return ReducedDraftView(reduced, seq_len_offset.to(common_attn_metadata.seq_lens.dtype))
+
+    def _drafts_compact(self, context_lens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Which requests draft on compact positions: by the `positions` key, where the
+        draft's RoPE allows it and the request's slot has a working copy."""
+        config = self.method_config
+        assert self.working_copies is not None
+        if not config.uses_compact_positions() or self.rotation is None:
+            return torch.zeros_like(context_lens, dtype=torch.bool)
+        wanted = (
+            context_lens > self.trained_length
+            if config.positions == "auto"
+            else torch.ones_like(context_lens, dtype=torch.bool)
+        )
+        return wanted & self.working_copies.has_copy(slots)
+
+    def _adaptive_trigger(
+        self,
+        watched: torch.Tensor,
+        slots: torch.Tensor,
+        sample_rows: torch.Tensor,
+        accepted_drafts: torch.Tensor,
+        context_lens: torch.Tensor,
+        common_attn_metadata: Any,
+        blocks_per_chunk: int,
+    ) -> torch.Tensor:
+        """Requests whose last verification accepted no draft token, or whose kept chunks
+        lost attention share since their selection."""
+        triggered = watched & (accepted_drafts == 0)
+        rows = (watched & ~triggered).nonzero().squeeze(1)
+        if rows.numel():
+            state = self.retrieval_state
+            assert state is not None
+            row_slots = slots[rows]
+            chunk_scores = self._chunk_scores(rows, sample_rows, context_lens, common_attn_metadata)
+            share = kept_attention_share(
+                chunk_scores,
+                state.kept_blocks[row_slots, ::blocks_per_chunk] // blocks_per_chunk,
+                state.num_kept_blocks[row_slots] // blocks_per_chunk,
+                state.tail_start_block[row_slots] // blocks_per_chunk,
+            )
+            lost_share = share < ADAPTIVE_SHARE_RATIO * state.selected_share[row_slots]
+            triggered = triggered.index_put((rows,), lost_share | triggered[rows])
+        return triggered
+
+    def _chunk_scores(
+        self,
+        rows: torch.Tensor,
+        sample_rows: torch.Tensor,
+        context_lens: torch.Tensor,
+        common_attn_metadata: Any,
+    ) -> torch.Tensor:
+        config = self.method_config
+        assert self.chunk_scorer is not None and config.chunk_size is not None
+        return self.chunk_scorer(
+            sample_rows[rows],
+            common_attn_metadata.block_table_tensor[rows],
+            context_lens[rows],
+            -(-common_attn_metadata.max_seq_len // config.chunk_size),
+        )
 
     def _select(
         self,
@@ -204,31 +323,35 @@ class SpecExtendProposer(patches.DraftModelProposer):
         sample_rows: torch.Tensor,
         context_lens: torch.Tensor,
         tail_start_chunk: torch.Tensor,
+        compact: torch.Tensor,
         common_attn_metadata: Any,
         blocks_per_chunk: int,
     ) -> None:
         config = self.method_config
-        assert self.retrieval_state is not None and config.chunk_size is not None
+        assert self.retrieval_state is not None
         num_candidates = tail_start_chunk[rows]
         chunk_scores = None
-        if config.policy == "cmr":
-            assert self.chunk_scorer is not None
-            num_chunks = -(-common_attn_metadata.max_seq_len // config.chunk_size)
-            chunk_scores = self.chunk_scorer(
-                sample_rows[rows],
-                common_attn_metadata.block_table_tensor[rows],
-                context_lens[rows],
-                num_chunks,
-            )
+        if config.policy == "cmr" or config.retrieval_trigger == "adaptive":
+            chunk_scores = self._chunk_scores(rows, sample_rows, context_lens, common_attn_metadata)
         kept_chunks, num_kept_chunks = select_chunks(
             config.policy, chunk_scores, num_candidates, config.num_kept_chunks
+        )
+        selected_share = (
+            torch.zeros(rows.shape, device=rows.device)
+            if chunk_scores is None
+            else kept_attention_share(chunk_scores, kept_chunks, num_kept_chunks, num_candidates)
         )
         self.retrieval_state.store(
             slots[rows],
             chunks_to_blocks(kept_chunks, blocks_per_chunk),
             num_kept_chunks * blocks_per_chunk,
             tail_start_chunk[rows] * blocks_per_chunk,
+            compact[rows],
+            selected_share,
         )
+        compact_rows = rows[compact[rows]]
+        if compact_rows.numel():
+            self._build_working_copies(compact_rows, slots, common_attn_metadata.block_table_tensor)
         self.stats.record_selection(
             request_ids,
             rows,
@@ -236,6 +359,54 @@ class SpecExtendProposer(patches.DraftModelProposer):
             num_candidates,
             kept_chunks,
             num_kept_chunks,
+        )
+
+    def _build_working_copies(
+        self, rows: torch.Tensor, slots: torch.Tensor, full_block_table: torch.Tensor
+    ) -> None:
+        """Copies each kept block of these requests into their working copy, keys rotated
+        so that the kept blocks sit right before the tail."""
+        state, copies, rotation = self.retrieval_state, self.working_copies, self.rotation
+        assert state is not None and copies is not None and rotation is not None
+        row_slots = slots[rows]
+        kept_blocks = state.kept_blocks[row_slots]
+        num_kept_blocks = state.num_kept_blocks[row_slots]
+        shifts = kept_block_shifts(
+            kept_blocks, num_kept_blocks, state.tail_start_block[row_slots], self.block_size
+        )
+        columns = torch.arange(kept_blocks.shape[1], device=kept_blocks.device)[None, :]
+        is_kept = columns < num_kept_blocks[:, None]
+        sources = full_block_table[rows].gather(
+            1, kept_blocks.clamp(max=full_block_table.shape[1] - 1)
+        )
+        sources = sources[is_kept].long()
+        destinations = copies.block_ids(row_slots)[is_kept].long()
+        cos_sin = rotation.cos_sin[shifts[is_kept]]
+        for layer in self._draft_layers:
+            blocks = patches.kv_cache_blocks(layer)
+            blocks[destinations] = blocks[sources]
+            keys = patches.key_cache_view(layer)
+            keys[destinations] = rotate_keys(
+                keys[destinations], cos_sin, rotation.rotary_dim, rotation.is_neox_style
+            )
+
+    def _point_kept_blocks_to_working_copies(
+        self,
+        reduced_block_table: torch.Tensor,
+        slots: torch.Tensor,
+        drafts_on_copy: torch.Tensor,
+        num_kept_blocks: torch.Tensor,
+    ) -> None:
+        copies = self.working_copies
+        assert copies is not None
+        if not copies.num_copies:
+            return
+        width = min(copies.blocks_per_copy, reduced_block_table.shape[1])
+        columns = torch.arange(width, device=slots.device)[None, :]
+        on_copy = drafts_on_copy[:, None] & (columns < num_kept_blocks[:, None])
+        kept_part = reduced_block_table[:, :width]
+        reduced_block_table[:, :width] = torch.where(
+            on_copy, copies.block_ids(slots)[:, :width].to(kept_part.dtype), kept_part
         )
 
     def _reduced_block_table_buffer(self, full_block_table: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ def select_top_chunks(
     -> kept [[1, 3]], counts [2]. Rows with fewer candidates than `num_kept` keep
     them all; unused columns hold the largest chunk index and are past the count.
     """
-    num_rows, num_chunks = chunk_scores.shape
+    num_chunks = chunk_scores.shape[1]
     chunk_ids = torch.arange(num_chunks, device=chunk_scores.device)
     is_candidate = chunk_ids[None, :] < num_candidates[:, None]
     masked = chunk_scores.masked_fill(~is_candidate, float("-inf"))
@@ -61,6 +61,30 @@ def select_chunks(
     raise ValueError(f"policy {policy!r} selects no chunks")
 
 
+def kept_attention_share(
+    chunk_scores: torch.Tensor,
+    kept_chunks: torch.Tensor,
+    num_kept_chunks: torch.Tensor,
+    num_candidates: torch.Tensor,
+) -> torch.Tensor:
+    """The kept chunks' share of the attention mass over the candidate chunks.
+
+    Example: scores [[.1, .5, .2, .9, .3]], kept [[1, 3]], num_kept [2], num_candidates
+    [4] -> [(.5 + .9) / (.1 + .5 + .2 + .9)] = [0.8235]. Candidates are whole chunks,
+    so mean scores weigh as masses do.
+    """
+    num_chunks = chunk_scores.shape[1]
+    chunk_ids = torch.arange(num_chunks, device=chunk_scores.device)
+    scores = torch.where(chunk_ids[None, :] < num_candidates[:, None], chunk_scores, 0.0)
+    is_kept = (
+        torch.arange(kept_chunks.shape[1], device=kept_chunks.device)[None, :]
+        < num_kept_chunks[:, None]
+    )
+    kept_scores = scores.gather(1, kept_chunks.clamp(max=num_chunks - 1))
+    kept_mass = torch.where(is_kept, kept_scores, 0.0).sum(dim=1)
+    return kept_mass / scores.sum(dim=1).clamp(min=torch.finfo(scores.dtype).tiny)
+
+
 def chunks_to_blocks(kept_chunks: torch.Tensor, blocks_per_chunk: int) -> torch.Tensor:
     """Expands chunk indices to the block indices they cover.
 
@@ -84,7 +108,9 @@ def reduced_block_indices(
     stops before them.
     """
     columns = torch.arange(width, device=kept_blocks.device)[None, :]
-    kept_part = kept_blocks.gather(1, columns.clamp(max=kept_blocks.shape[1] - 1).expand(kept_blocks.shape[0], -1))
+    kept_part = kept_blocks.gather(
+        1, columns.clamp(max=kept_blocks.shape[1] - 1).expand(kept_blocks.shape[0], -1)
+    )
     tail_part = tail_start_block[:, None] + columns - num_kept_blocks[:, None]
     indices = torch.where(columns < num_kept_blocks[:, None], kept_part, tail_part)
     return indices.clamp(max=width - 1)
@@ -95,14 +121,22 @@ class RetrievalState:
 
     kept_blocks[s, :num_kept_blocks[s]]: the logical blocks the request in slot s keeps;
     tail_start_block[s]: its first block of newest tokens, attended in full;
-    steps_since_selection[s]: draft steps since the slot's selection (-1: none yet).
+    steps_since_selection[s]: draft steps since the slot's selection (-1: none yet);
+    compact[s]: whether the selection drafts on compact positions (a working copy);
+    selected_share[s]: the kept chunks' share of the target's attention when selected.
     """
 
     def __init__(self, max_requests: int, max_kept_blocks: int, device: torch.device):
-        self.kept_blocks = torch.zeros(max_requests, max(max_kept_blocks, 1), dtype=torch.int64, device=device)
+        self.kept_blocks = torch.zeros(
+            max_requests, max(max_kept_blocks, 1), dtype=torch.int64, device=device
+        )
         self.num_kept_blocks = torch.zeros(max_requests, dtype=torch.int64, device=device)
         self.tail_start_block = torch.zeros(max_requests, dtype=torch.int64, device=device)
-        self.steps_since_selection = torch.full((max_requests,), -1, dtype=torch.int64, device=device)
+        self.steps_since_selection = torch.full(
+            (max_requests,), -1, dtype=torch.int64, device=device
+        )
+        self.compact = torch.zeros(max_requests, dtype=torch.bool, device=device)
+        self.selected_share = torch.zeros(max_requests, dtype=torch.float32, device=device)
         self._slot_by_request: dict[str, int] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
 
@@ -117,9 +151,9 @@ class RetrievalState:
                 slot = self._free_slots.pop()
                 slot_by_request[request_id] = slot
                 self.steps_since_selection[slot] = -1
-        return torch.tensor(
-            [slot_by_request[r] for r in request_ids], dtype=torch.int64
-        ).to(self.kept_blocks.device, non_blocking=True)
+        return torch.tensor([slot_by_request[r] for r in request_ids], dtype=torch.int64).to(
+            self.kept_blocks.device, non_blocking=True
+        )
 
     def reset(self, request_ids: list[str]) -> None:
         """Forgets the selections of requests that start over (resumed after preemption)."""
@@ -139,8 +173,12 @@ class RetrievalState:
         kept_blocks: torch.Tensor,
         num_kept_blocks: torch.Tensor,
         tail_start_block: torch.Tensor,
+        compact: torch.Tensor,
+        selected_share: torch.Tensor,
     ) -> None:
         self.kept_blocks[slots, : kept_blocks.shape[1]] = kept_blocks
         self.num_kept_blocks[slots] = num_kept_blocks
         self.tail_start_block[slots] = tail_start_block
+        self.compact[slots] = compact
+        self.selected_share[slots] = selected_share
         self.steps_since_selection[slots] = 0

@@ -29,17 +29,21 @@ class Selection:
 class RetrievalStats:
     def __init__(self, history: int = 256):
         self.retrievals = 0
-        # reduced draft steps, full draft steps, kept tokens, context tokens: summed on
-        # the device so that recording never waits for it.
+        # reduced draft steps, full draft steps, kept tokens, context tokens, reduced steps
+        # on compact positions: summed on the device so that recording never waits for it.
         self._step_counters: torch.Tensor | None = None
         self.scorer: ChunkScorer | None = None
-        self._selections: collections.deque[tuple[list[str], torch.Tensor, ...]] = collections.deque(
-            maxlen=history
+        self._selections: collections.deque[tuple[list[str], torch.Tensor, ...]] = (
+            collections.deque(maxlen=history)
         )
         self._last_log = time.monotonic()
 
     def record_draft_step(
-        self, active: torch.Tensor, context_lens: torch.Tensor, seq_len_offset: torch.Tensor
+        self,
+        active: torch.Tensor,
+        compact: torch.Tensor,
+        context_lens: torch.Tensor,
+        seq_len_offset: torch.Tensor,
     ) -> None:
         active_long = active.long()
         step = torch.stack(
@@ -48,6 +52,7 @@ class RetrievalStats:
                 (1 - active_long).sum(),
                 ((context_lens - seq_len_offset) * active_long).sum(),
                 (context_lens * active_long).sum(),
+                (compact & active).long().sum(),
             ]
         )
         if self._step_counters is None:
@@ -81,13 +86,14 @@ class RetrievalStats:
     def summary(self) -> dict[str, Any]:
         scorer_calls = self.scorer.calls if self.scorer else 0
         scorer_seconds = self.scorer.seconds if self.scorer else 0.0
-        reduced, full, kept, context = (
-            [0, 0, 0, 0] if self._step_counters is None else self._step_counters.tolist()
+        reduced, full, kept, context, compact = (
+            [0] * 5 if self._step_counters is None else self._step_counters.tolist()
         )
         return {
             "retrievals": self.retrievals,
             "reduced_draft_steps": reduced,
             "full_draft_steps": full,
+            "compact_draft_steps": compact,
             "mean_kept_tokens": kept / max(reduced, 1),
             "mean_context_tokens": context / max(reduced, 1),
             "scorer_calls": scorer_calls,

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from benchmarks.engine import RequestFigures, acceptance_per_position, mean_acceptance_length, time_breakdown
+from benchmarks.engine import (
+    RequestFigures,
+    acceptance_per_position,
+    mean_acceptance_length,
+    time_breakdown,
+)
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
 
 

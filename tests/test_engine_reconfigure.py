@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from specextend_vllm import reconfigure, retrieval_stats, step_timings
-from tests.conftest import MAX_TOKENS, NUM_SPECULATIVE_TOKENS, generate_ids, make_llm, specextend_config
+from tests.conftest import (
+    MAX_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    generate_ids,
+    make_llm,
+    specextend_config,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -37,6 +43,8 @@ def test_reconfigure_rejects_keys_fixed_at_start_and_bad_values(llm: Any) -> Non
         reconfigure(llm, chunk_size=64)
     with pytest.raises(ValueError, match=r"speculative_config\['policy'\] must be one of"):
         reconfigure(llm, policy="everything")
+    with pytest.raises(ValueError, match=r"cannot switch to positions 'compact'.*no KV cache blocks"):
+        reconfigure(llm, policy="cmr", positions="compact")
 
 
 def test_step_timings_cover_target_forward_and_each_draft_pass(llm: Any, prompts: list[list[int]]) -> None:

@@ -5,6 +5,7 @@ import torch
 from specextend_vllm.retrieval import (
     RetrievalState,
     chunks_to_blocks,
+    kept_attention_share,
     reduced_block_indices,
     select_streaming_chunks,
     select_top_chunks,
@@ -73,7 +74,14 @@ def test_reduced_table_attends_to_the_same_tokens_as_a_mask() -> None:
 def test_state_slots_are_created_reset_and_freed() -> None:
     state = RetrievalState(max_requests=2, max_kept_blocks=2, device=torch.device("cpu"))
     slots = state.slots(["a", "b"])
-    state.store(slots, torch.tensor([[1, 2], [3, 4]]), torch.tensor([2, 2]), torch.tensor([5, 6]))
+    state.store(
+        slots,
+        torch.tensor([[1, 2], [3, 4]]),
+        torch.tensor([2, 2]),
+        torch.tensor([5, 6]),
+        torch.tensor([True, False]),
+        torch.tensor([0.5, 0.25]),
+    )
     assert state.steps_since_selection[slots].tolist() == [0, 0]
     state.reset(["a"])
     assert state.steps_since_selection[slots].tolist() == [-1, 0]
@@ -81,3 +89,13 @@ def test_state_slots_are_created_reset_and_freed() -> None:
     assert len(state) == 0
     new_slot = state.slots(["c"])
     assert state.steps_since_selection[new_slot].tolist() == [-1]
+
+
+def test_kept_attention_share_counts_kept_chunks_among_candidates() -> None:
+    share = kept_attention_share(
+        torch.tensor([[0.1, 0.5, 0.2, 0.9, 0.3], [0.25, 0.25, 0.5, float("-inf"), float("-inf")]]),
+        torch.tensor([[1, 3], [2, 5]]),
+        torch.tensor([2, 1]),
+        torch.tensor([4, 3]),
+    )
+    torch.testing.assert_close(share, torch.tensor([1.4 / 1.7, 0.5]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -53,3 +54,56 @@ def save_tiny_model(
     model.generation_config.eos_token_id = None
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def set_trained_length(path: Path, max_position_embeddings: int) -> Path:
+    """Marks a saved model as trained on `max_position_embeddings` positions only."""
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = max_position_embeddings
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def save_word_tokenizer(path: Path, tokens: list[str]) -> None:
+    """A whitespace word-level tokenizer whose token i is tokens[i]; tokens[0] is <unk>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(
+        models.WordLevel(vocab={t: i for i, t in enumerate(tokens)}, unk_token=tokens[0])
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token=tokens[0], eos_token=tokens[1]
+    ).save_pretrained(path)
+
+
+def save_cross_tokenizer_pair(
+    root: Path, target: Path, num_shared: int, seed: int
+) -> tuple[Path, Path]:
+    """The target with a word tokenizer, and a draft with another tokenizer: its token j
+    < num_shared is the target's token permutation[j], with the target's weights for it,
+    and its other tokens are its own. (target_dir, draft_dir)."""
+    target_words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(2, VOCAB_SIZE)]
+    target_dir = root / "cross_target"
+    Qwen2ForCausalLM.from_pretrained(target, dtype=torch.float32).save_pretrained(
+        target_dir, safe_serialization=True
+    )
+    save_word_tokenizer(target_dir, target_words)
+
+    generator = torch.Generator().manual_seed(seed)
+    permutation = torch.cat(
+        [torch.arange(2), 2 + torch.randperm(VOCAB_SIZE - 2, generator=generator)]
+    )
+    draft_words = [
+        target_words[int(permutation[j])] if j < num_shared else f"d{j}" for j in range(VOCAB_SIZE)
+    ]
+    model = Qwen2ForCausalLM.from_pretrained(target, dtype=torch.float32)
+    with torch.no_grad():
+        for weight in (model.model.embed_tokens.weight, model.lm_head.weight):
+            weight[:num_shared] = weight[permutation[:num_shared]].clone()
+    model.generation_config.eos_token_id = None
+    draft_dir = root / "cross_draft"
+    model.save_pretrained(draft_dir, safe_serialization=True)
+    save_word_tokenizer(draft_dir, draft_words)
+    return target_dir, draft_dir
