@@ -486,3 +486,13 @@ def extend_draft_rotary_table(
     return DraftRotation(
         table.float().to(rotary.cos_sin_cache.device), rotary.rotary_dim, rotary.is_neox_style
     )
+
+
+def limit_attention_window(layers: list[Attention], window: int) -> None:
+    """Each layer attends to its last `window` tokens at most (FlashAttention keeps the
+    window as a (left, right) pair, the CPU backend as a token count)."""
+    for layer in layers:
+        if isinstance(layer.impl.sliding_window, tuple):
+            layer.impl.sliding_window = (window - 1, 0)
+        else:
+            layer.impl.sliding_window = window

@@ -55,6 +55,11 @@ class SpecExtendProposer(patches.DraftModelProposer):
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
         self.rotation = patches.extend_draft_rotary_table(self.model, self.max_model_len)
+        if self.method_config.uses_compact_positions() and self.trained_length < self.max_model_len:
+            patches.limit_attention_window(
+                patches.attention_layers(self.vllm_config, self._draft_attn_layer_names),
+                self.trained_length,
+            )
         layer = patches.target_final_attention_layer(self.vllm_config, self._draft_attn_layer_names)
         final_layer_query = FinalLayerQuery(layer.num_heads, layer.head_size)
         patches.observe_attention_query(layer, final_layer_query.observe)
