@@ -55,11 +55,9 @@ class SpecExtendProposer(patches.DraftModelProposer):
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
         self.rotation = patches.extend_draft_rotary_table(self.model, self.max_model_len)
+        self._draft_layers = patches.attention_layers(self.vllm_config, self._draft_attn_layer_names)
         if self.method_config.uses_compact_positions() and self.trained_length < self.max_model_len:
-            patches.limit_attention_window(
-                patches.attention_layers(self.vllm_config, self._draft_attn_layer_names),
-                self.trained_length,
-            )
+            patches.limit_attention_window(self._draft_layers, self.trained_length)
         layer = patches.target_final_attention_layer(self.vllm_config, self._draft_attn_layer_names)
         final_layer_query = FinalLayerQuery(layer.num_heads, layer.head_size)
         patches.observe_attention_query(layer, final_layer_query.observe)
@@ -86,9 +84,6 @@ class SpecExtendProposer(patches.DraftModelProposer):
         self._working_copy_region = (
             (kv_cache_config.num_blocks - reserved) * kernel_blocks_per_manager_block,
             reserved * kernel_blocks_per_manager_block,
-        )
-        self._draft_layers = patches.attention_layers(
-            self.vllm_config, self._draft_attn_layer_names
         )
         self.retrieval_state = self._new_retrieval_state()
 
