@@ -1,25 +1,28 @@
-"""Builds the chunk-scores kernels: ``specextend_vllm._C`` (CPU, always) and
-``specextend_vllm._C_cuda`` (when torch and the toolchain support CUDA)."""
+"""Builds the kernels into one module, ``specextend_vllm._C``: the CPU kernels always, the
+CUDA kernels too when torch and the toolchain support CUDA."""
 
 import glob
 import os
 
 import torch
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 # at::parallel_for is inlined into the extension; it only runs in parallel when
 # compiled against the same OpenMP runtime that torch uses.
 OPENMP_FLAGS = ["-fopenmp"] if torch._C.has_openmp else []
-
-
-def cpu_extension() -> CppExtension:
-    return CppExtension(
-        "specextend_vllm._C",
-        sorted(glob.glob("csrc/cpu/*.cpp")),
-        extra_compile_args=["-O3", *OPENMP_FLAGS],
-        extra_link_args=OPENMP_FLAGS,
-    )
+# The CPU kernels are written as plain loops for the compiler to vectorize: built for this
+# machine's vector ISA (AVX2, AVX-512, ...) unless SPECEXTEND_PORTABLE_BUILD=1, for binaries that
+# must run on other CPUs.
+ISA_FLAGS = [] if os.environ.get("SPECEXTEND_PORTABLE_BUILD") == "1" else ["-march=native"]
+CXX_FLAGS = ["-O3", *ISA_FLAGS, *OPENMP_FLAGS]
+# csrc/bindings.cpp defines every op; csrc/<op>/ holds its kernels: cpu.cpp, and cuda.cu with
+# cuda_op.cpp, its torch entry point and CUDA registration.
+CPU_SOURCES = ["csrc/bindings.cpp", *sorted(glob.glob("csrc/*/cpu.cpp"))]
+CUDA_SOURCES = sorted(glob.glob("csrc/*/cuda.cu") + glob.glob("csrc/*/cuda_op.cpp"))
+HEADERS = sorted(glob.glob("csrc/**/*.h", recursive=True))
+# Sources include each other relative to csrc/; absolute, since ninja builds run elsewhere.
+INCLUDE_DIRS = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")]
 
 
 def cuda_skip_reason() -> str | None:
@@ -30,26 +33,30 @@ def cuda_skip_reason() -> str | None:
     return None
 
 
-def cuda_extension() -> CUDAExtension:
-    return CUDAExtension(
-        "specextend_vllm._C_cuda",
-        ["csrc/cuda/chunk_scores_cuda.cpp", "csrc/cuda/chunk_scores_kernel.cu"],
-        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
-    )
-
-
-def ext_modules() -> list[CppExtension]:
-    modules = [cpu_extension()]
+def kernels_extension() -> Extension:
     reason = cuda_skip_reason()
-    if reason is None:
-        modules.append(cuda_extension())
-    else:
+    if reason is not None:
         print(f"specextend-vllm: CUDA kernel skipped ({reason})")
-    return modules
+        return CppExtension(
+            "specextend_vllm._C",
+            CPU_SOURCES,
+            include_dirs=INCLUDE_DIRS,
+            depends=HEADERS,
+            extra_compile_args=CXX_FLAGS,
+            extra_link_args=OPENMP_FLAGS,
+        )
+    return CUDAExtension(
+        "specextend_vllm._C",
+        CPU_SOURCES + CUDA_SOURCES,
+        include_dirs=INCLUDE_DIRS,
+        depends=HEADERS,
+        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3"]},
+        extra_link_args=OPENMP_FLAGS,
+    )
 
 
 setup(
     packages=find_packages(include=["specextend_vllm*"]),
-    ext_modules=ext_modules(),
+    ext_modules=[kernels_extension()],
     cmdclass={"build_ext": BuildExtension},
 )

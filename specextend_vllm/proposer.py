@@ -1,4 +1,9 @@
-"""SpecExtendProposer: vLLM's draft-model proposer drafting over retrieved chunks."""
+"""SpecExtendProposer: vLLM's draft-model proposer drafting over retrieved chunks.
+
+Glue: each step it derives a `DraftStep` from vLLM's batch, asks the algorithm which
+requests select chunks and which chunks they keep, runs the ops (chunk scores, working
+copies), and hands the draft a reduced block table.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,43 @@ from typing import Any
 
 import torch
 
-from specextend_vllm import patches
-from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
-from specextend_vllm.positions import WorkingCopies, kept_block_shifts, rotate_keys
-from specextend_vllm.retrieval import (
-    RetrievalState,
+from specextend_vllm.algorithm.draft_step import DraftStep
+from specextend_vllm.algorithm.positions import (
+    DraftRotation,
+    WorkingCopies,
+    copy_rotated_blocks,
+    kept_block_shifts,
+)
+from specextend_vllm.algorithm.retrieval_state import RetrievalState
+from specextend_vllm.algorithm.selection import (
     chunks_to_blocks,
     kept_attention_share,
     reduced_block_indices,
     select_chunks,
 )
+from specextend_vllm.algorithm.triggers import due_by_schedule, lost_attention_share
+from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
+from specextend_vllm.metrics import MetricsLogger, RetrievalMetrics
+from specextend_vllm.patches.attention import (
+    AttentionLayerSeam,
+    attention_layer_seam,
+    limit_attention_window,
+)
+from specextend_vllm.patches.model import extend_draft_rotary_table
 from specextend_vllm.scoring import ChunkScorer, FinalLayerQuery
-from specextend_vllm.stats import RetrievalStats
-
-# Adaptive retrieval selects again once the kept chunks' share of the target's attention
-# falls below this fraction of their share when selected.
-ADAPTIVE_SHARE_RATIO = 0.9
+from specextend_vllm.verification import (
+    HybridVerificationAttention,
+    cpu_prefix_attention,
+    flash_attn_prefix_attention,
+)
+from specextend_vllm.vllm_access import layers, logger
+from specextend_vllm.vllm_access.attention import plain_attention_blockers
+from specextend_vllm.vllm_access.config import (
+    draft_trained_length,
+    manager_block_size,
+    working_copy_manager_blocks,
+)
+from specextend_vllm.vllm_access.runner import DraftModelProposer, request_ids
 
 
 @dataclasses.dataclass
@@ -36,38 +62,83 @@ class ReducedDraftView:
     seq_len_offset: torch.Tensor
 
 
-class SpecExtendProposer(patches.DraftModelProposer):
+class SpecExtendProposer(DraftModelProposer):
     def __init__(self, vllm_config: Any, device: torch.device, runner: Any = None):
         super().__init__(vllm_config=vllm_config, device=device, runner=runner)
         self.runner = runner
         self.method_config = SpecExtendConfig(**vllm_config.additional_config[METHOD_NAME])
-        self.stats = RetrievalStats()
+        self.metrics = RetrievalMetrics()
+        self.metrics_logger = MetricsLogger(logger.info)
         self.retrieval_state: RetrievalState | None = None
         self.chunk_scorer: ChunkScorer | None = None
         self._reduced_view: ReducedDraftView | None = None
         self._reduced_block_table: torch.Tensor | None = None
-        self.rotation: patches.DraftRotation | None = None
-        self.trained_length = patches.draft_trained_length(vllm_config.speculative_config)
+        self.rotation: DraftRotation | None = None
+        self.trained_length = draft_trained_length(vllm_config.speculative_config)
         self._working_copy_region = (0, 0)
         self.working_copies: WorkingCopies | None = None
         self._draft_layers: list[Any] = []
+        self._verification_paths: list[tuple[AttentionLayerSeam, HybridVerificationAttention]] = []
+        self._verification_blockers: list[str] = []
 
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
-        self.rotation = patches.extend_draft_rotary_table(self.model, self.max_model_len)
-        self._draft_layers = patches.attention_layers(self.vllm_config, self._draft_attn_layer_names)
+        self.rotation = extend_draft_rotary_table(self.model, self.max_model_len)
+        self._draft_layers = layers.attention_layers(self.vllm_config, self._draft_attn_layer_names)
         if self.method_config.uses_compact_positions() and self.trained_length < self.max_model_len:
-            patches.limit_attention_window(self._draft_layers, self.trained_length)
-        layer = patches.target_final_attention_layer(self.vllm_config, self._draft_attn_layer_names)
+            limit_attention_window(self._draft_layers, self.trained_length)
+        layer = layers.target_final_attention_layer(self.vllm_config, self._draft_attn_layer_names)
         final_layer_query = FinalLayerQuery(layer.num_heads, layer.head_size)
-        patches.observe_attention_query(layer, final_layer_query.observe)
+        attention_layer_seam(layer).observe_query(final_layer_query.observe)
         self.chunk_scorer = ChunkScorer(
             final_layer_query,
-            key_cache_view=lambda: patches.key_cache_view(layer),
+            key_cache_view=lambda: layers.key_cache_view(layer),
             scale=layer.impl.scale,
             chunk_size=self.method_config.chunk_size,
+            metrics=self.metrics,
         )
-        self.stats.scorer = self.chunk_scorer
+        self._prepare_verification_paths()
+        self._route_verification(self.method_config)
+
+    def _prepare_verification_paths(self) -> None:
+        """One hybrid verification path per target attention layer, routed or not by
+        `verification_attention`."""
+        prefix_attention = (
+            flash_attn_prefix_attention if self.device.type == "cuda" else cpu_prefix_attention
+        )
+        target_layers = layers.target_attention_layers(
+            self.vllm_config, self._draft_attn_layer_names
+        )
+        self._verification_blockers = sorted(
+            {blocker for layer in target_layers for blocker in plain_attention_blockers(layer.impl)}
+        )
+        self._verification_paths = [
+            (
+                attention_layer_seam(layer),
+                HybridVerificationAttention(
+                    layer.impl.scale,
+                    self.num_speculative_tokens + 1,
+                    prefix_attention,
+                    lambda layer=layer: layers.has_supported_cache_layout(layer),
+                    self.metrics.record_hybrid_verification if index == 0 else None,
+                ),
+            )
+            for index, layer in enumerate(target_layers)
+        ]
+
+    def _route_verification(self, config: SpecExtendConfig) -> None:
+        hybrid = config.verification_attention_on(self.device.type) == "hybrid"
+        if hybrid and self._verification_blockers:
+            if config.verification_attention == "hybrid":
+                raise ValueError(
+                    "speculative_config['verification_attention'] 'hybrid' cannot verify "
+                    f"for this target, whose attention uses {self._verification_blockers}; "
+                    "use 'native' or 'auto'."
+                )
+            hybrid = False
+        for seam, path in self._verification_paths:
+            seam.compute_with(path if hybrid else None)
+        logger.info("SpecExtend: verification attention %s", "hybrid" if hybrid else "native")
 
     def initialize_attn_backend(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         super().initialize_attn_backend(kv_cache_config, *args, **kwargs)
@@ -77,10 +148,8 @@ class SpecExtendProposer(patches.DraftModelProposer):
                 f"speculative_config['chunk_size'] ({chunk_size}) must be a multiple "
                 f"of the attention kernel's block size ({self.block_size})."
             )
-        reserved = patches.working_copy_manager_blocks(self.vllm_config, kv_cache_config)
-        kernel_blocks_per_manager_block = (
-            kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size // self.block_size
-        )
+        reserved = working_copy_manager_blocks(self.vllm_config, kv_cache_config)
+        kernel_blocks_per_manager_block = manager_block_size(kv_cache_config) // self.block_size
         self._working_copy_region = (
             (kv_cache_config.num_blocks - reserved) * kernel_blocks_per_manager_block,
             reserved * kernel_blocks_per_manager_block,
@@ -109,9 +178,10 @@ class SpecExtendProposer(patches.DraftModelProposer):
                 "cannot switch to positions 'compact': the engine started with positions "
                 "'absolute' or policy 'full' and set no KV cache blocks aside for working copies."
             )
+        self._route_verification(config)
         self.method_config = config
         self.retrieval_state = self._new_retrieval_state()
-        patches.logger.info("SpecExtend reconfigured: %s", self.method_config.to_dict())
+        logger.info("SpecExtend reconfigured: %s", self.method_config.to_dict())
         return self.method_config
 
     def _new_retrieval_state(self) -> RetrievalState:
@@ -161,8 +231,7 @@ class SpecExtendProposer(patches.DraftModelProposer):
             )
         finally:
             self._reduced_view = None
-            if self.stats.due_for_log():
-                patches.logger.info("SpecExtend: %s", self.stats.summary())
+            self.metrics_logger.maybe_log(self.metrics)
 
     def build_per_group_and_layer_attn_metadata(
         self, common_attn_metadata: Any, draft_index: int = 0
@@ -183,64 +252,48 @@ class SpecExtendProposer(patches.DraftModelProposer):
         target_positions: torch.Tensor,
         token_indices_to_sample: torch.Tensor | None,
         common_attn_metadata: Any,
-    ) -> ReducedDraftView | None:
+    ) -> ReducedDraftView:
         """Selects chunks where due, then lays out this step's reduced block tables."""
         config = self.method_config
         state = self.retrieval_state
         assert state is not None and config.chunk_size is not None
         num_reqs = common_attn_metadata.num_reqs
-        query_start_loc = common_attn_metadata.query_start_loc[: num_reqs + 1]
-        query_lens = query_start_loc[1:] - query_start_loc[:-1]
-        sample_rows = (
-            query_start_loc[1:] - 1 if token_indices_to_sample is None else token_indices_to_sample
-        ).long()
-        context_lens = target_positions[sample_rows] + 1
-        first_query_positions = target_positions[query_start_loc[:-1].long()]
-
-        request_ids = self.runner.input_batch.req_ids[:num_reqs]
-        slots = state.slots(request_ids)
-        blocks_per_chunk = config.chunk_size // self.block_size
-        tail_start_chunk = first_query_positions // config.chunk_size
-        eligible = (context_lens >= config.activation_length) & (
-            query_lens <= num_speculative_tokens + 1
+        batch_request_ids = request_ids(self.runner, num_reqs)
+        step = DraftStep.from_target_batch(
+            slots=state.slots(batch_request_ids),
+            target_positions=target_positions,
+            query_start_loc=common_attn_metadata.query_start_loc[: num_reqs + 1],
+            token_indices_to_sample=token_indices_to_sample,
+            block_table=common_attn_metadata.block_table_tensor,
+            max_seq_len=common_attn_metadata.max_seq_len,
+            chunk_size=config.chunk_size,
+            activation_length=config.activation_length,
+            num_speculative_tokens=num_speculative_tokens,
         )
-        compact = self._drafts_compact(context_lens, slots)
-        steps_since_selection = state.steps_since_selection[slots]
-        selected = steps_since_selection >= 0
-        needs_selection = eligible & (
-            ~selected
-            | (steps_since_selection >= config.retrieval_interval)
-            | (first_query_positions < state.tail_start_block[slots] * self.block_size)
-            | (compact != state.compact[slots])
+        slots = step.slots
+        compact = self._drafts_compact(step.context_lens, slots)
+        needs_selection = due_by_schedule(
+            step.eligible,
+            state.steps_since_selection[slots],
+            step.first_query_positions,
+            state.tail_start_block[slots] * self.block_size,
+            compact,
+            state.compact[slots],
+            config.retrieval_interval,
         )
         if config.retrieval_trigger == "adaptive":
+            selected = state.steps_since_selection[slots] >= 0
             needs_selection |= self._adaptive_trigger(
-                eligible & selected & ~needs_selection,
-                slots,
-                sample_rows,
-                sample_rows - query_start_loc[:-1],
-                context_lens,
-                common_attn_metadata,
-                blocks_per_chunk,
+                step, step.eligible & selected & ~needs_selection
             )
         selected_rows = needs_selection.nonzero().squeeze(1)
         if selected_rows.numel():
-            self._select(
-                request_ids,
-                selected_rows,
-                slots,
-                sample_rows,
-                context_lens,
-                tail_start_chunk,
-                compact,
-                common_attn_metadata,
-                blocks_per_chunk,
-            )
+            self._select(step, selected_rows, compact, batch_request_ids)
 
-        active = eligible & (state.steps_since_selection[slots] >= 0)
+        active = step.eligible & (state.steps_since_selection[slots] >= 0)
         num_kept_blocks = torch.where(active, state.num_kept_blocks[slots], 0)
         tail_start_block = torch.where(active, state.tail_start_block[slots], 0)
-        full_block_table = common_attn_metadata.block_table_tensor
+        full_block_table = step.block_table
         indices = reduced_block_indices(
             state.kept_blocks[slots], num_kept_blocks, tail_start_block, full_block_table.shape[1]
         )
@@ -253,7 +306,7 @@ class SpecExtendProposer(patches.DraftModelProposer):
         )
         seq_len_offset = (tail_start_block - num_kept_blocks) * self.block_size
         state.steps_since_selection.index_add_(0, slots, active.long())
-        self.stats.record_draft_step(active, drafts_on_copy, context_lens, seq_len_offset)
+        self.metrics.record_draft_step(active, drafts_on_copy, step.context_lens, seq_len_offset)
         return ReducedDraftView(reduced, seq_len_offset.to(common_attn_metadata.seq_lens.dtype))
 
     def _drafts_compact(self, context_lens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -270,69 +323,50 @@ class SpecExtendProposer(patches.DraftModelProposer):
         )
         return wanted & self.working_copies.has_copy(slots)
 
-    def _adaptive_trigger(
-        self,
-        watched: torch.Tensor,
-        slots: torch.Tensor,
-        sample_rows: torch.Tensor,
-        accepted_drafts: torch.Tensor,
-        context_lens: torch.Tensor,
-        common_attn_metadata: Any,
-        blocks_per_chunk: int,
-    ) -> torch.Tensor:
+    def _adaptive_trigger(self, step: DraftStep, watched: torch.Tensor) -> torch.Tensor:
         """Requests whose last verification accepted no draft token, or whose kept chunks
         lost attention share since their selection."""
-        triggered = watched & (accepted_drafts == 0)
+        triggered = watched & (step.accepted_drafts == 0)
         rows = (watched & ~triggered).nonzero().squeeze(1)
         if rows.numel():
             state = self.retrieval_state
-            assert state is not None
-            row_slots = slots[rows]
-            chunk_scores = self._chunk_scores(rows, sample_rows, context_lens, common_attn_metadata)
+            assert state is not None and self.method_config.chunk_size is not None
+            blocks_per_chunk = self.method_config.chunk_size // self.block_size
+            row_slots = step.slots[rows]
             share = kept_attention_share(
-                chunk_scores,
+                self._chunk_scores(step, rows),
                 state.kept_blocks[row_slots, ::blocks_per_chunk] // blocks_per_chunk,
                 state.num_kept_blocks[row_slots] // blocks_per_chunk,
                 state.tail_start_block[row_slots] // blocks_per_chunk,
             )
-            lost_share = share < ADAPTIVE_SHARE_RATIO * state.selected_share[row_slots]
-            triggered = triggered.index_put((rows,), lost_share | triggered[rows])
+            lost = lost_attention_share(share, state.selected_share[row_slots])
+            triggered = triggered.index_put((rows,), lost | triggered[rows])
         return triggered
 
-    def _chunk_scores(
-        self,
-        rows: torch.Tensor,
-        sample_rows: torch.Tensor,
-        context_lens: torch.Tensor,
-        common_attn_metadata: Any,
-    ) -> torch.Tensor:
+    def _chunk_scores(self, step: DraftStep, rows: torch.Tensor) -> torch.Tensor:
         config = self.method_config
         assert self.chunk_scorer is not None and config.chunk_size is not None
         return self.chunk_scorer(
-            sample_rows[rows],
-            common_attn_metadata.block_table_tensor[rows],
-            context_lens[rows],
-            -(-common_attn_metadata.max_seq_len // config.chunk_size),
+            step.sample_rows[rows],
+            step.block_table[rows],
+            step.context_lens[rows],
+            -(-step.max_seq_len // config.chunk_size),
         )
 
     def _select(
         self,
-        request_ids: list[str],
+        step: DraftStep,
         rows: torch.Tensor,
-        slots: torch.Tensor,
-        sample_rows: torch.Tensor,
-        context_lens: torch.Tensor,
-        tail_start_chunk: torch.Tensor,
         compact: torch.Tensor,
-        common_attn_metadata: Any,
-        blocks_per_chunk: int,
+        batch_request_ids: list[str],
     ) -> None:
         config = self.method_config
-        assert self.retrieval_state is not None
-        num_candidates = tail_start_chunk[rows]
+        assert self.retrieval_state is not None and config.chunk_size is not None
+        blocks_per_chunk = config.chunk_size // self.block_size
+        num_candidates = step.tail_start_chunk[rows]
         chunk_scores = None
         if config.policy == "cmr" or config.retrieval_trigger == "adaptive":
-            chunk_scores = self._chunk_scores(rows, sample_rows, context_lens, common_attn_metadata)
+            chunk_scores = self._chunk_scores(step, rows)
         kept_chunks, num_kept_chunks = select_chunks(
             config.policy, chunk_scores, num_candidates, config.num_kept_chunks
         )
@@ -342,20 +376,20 @@ class SpecExtendProposer(patches.DraftModelProposer):
             else kept_attention_share(chunk_scores, kept_chunks, num_kept_chunks, num_candidates)
         )
         self.retrieval_state.store(
-            slots[rows],
+            step.slots[rows],
             chunks_to_blocks(kept_chunks, blocks_per_chunk),
             num_kept_chunks * blocks_per_chunk,
-            tail_start_chunk[rows] * blocks_per_chunk,
+            step.tail_start_chunk[rows] * blocks_per_chunk,
             compact[rows],
             selected_share,
         )
         compact_rows = rows[compact[rows]]
         if compact_rows.numel():
-            self._build_working_copies(compact_rows, slots, common_attn_metadata.block_table_tensor)
-        self.stats.record_selection(
-            request_ids,
+            self._build_working_copies(compact_rows, step.slots, step.block_table)
+        self.metrics.record_selection(
+            batch_request_ids,
             rows,
-            context_lens[rows],
+            step.context_lens[rows],
             num_candidates,
             kept_chunks,
             num_kept_chunks,
@@ -383,12 +417,8 @@ class SpecExtendProposer(patches.DraftModelProposer):
         destinations = copies.block_ids(row_slots)[is_kept].long()
         cos_sin = rotation.cos_sin[shifts[is_kept]]
         for layer in self._draft_layers:
-            blocks = patches.kv_cache_blocks(layer)
-            blocks[destinations] = blocks[sources]
-            keys = patches.key_cache_view(layer)
-            keys[destinations] = rotate_keys(
-                keys[destinations], cos_sin, rotation.rotary_dim, rotation.is_neox_style
-            )
+            raw_cache = layers.raw_kv_cache(layer)
+            copy_rotated_blocks(raw_cache, sources, destinations, cos_sin, rotation)
 
     def _point_kept_blocks_to_working_copies(
         self,

@@ -8,13 +8,14 @@ from collections.abc import Callable
 import torch
 
 from specextend_vllm import ops
+from specextend_vllm.metrics import RetrievalMetrics
 
 
 class FinalLayerQuery:
     """Holds the post-RoPE query of the target's final attention layer from its last
     forward pass: one row per token of the target batch, [num_tokens, Hq, D].
 
-    `observe` is installed around that layer's attention implementation; it keeps a
+    `observe` watches that layer's attention (see `patches.attention`); it keeps a
     reference, not a copy, which stays valid until the next target forward.
     """
 
@@ -41,13 +42,13 @@ class ChunkScorer:
         key_cache_view: Callable[[], torch.Tensor],
         scale: float,
         chunk_size: int,
+        metrics: RetrievalMetrics,
     ):
         self.final_layer_query = final_layer_query
         self.key_cache_view = key_cache_view
         self.scale = scale
         self.chunk_size = chunk_size
-        self.seconds = 0.0
-        self.calls = 0
+        self.metrics = metrics
 
     def __call__(
         self,
@@ -68,6 +69,5 @@ class ChunkScorer:
             self.scale,
             num_chunks,
         )
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
+        self.metrics.record_scoring(time.perf_counter() - start)
         return scores

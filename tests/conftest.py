@@ -8,20 +8,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 
+from tests.harness import MAX_TOKENS, PROMPT_LENGTHS, decode, random_prompts
 from tests.tiny_models import save_tiny_model
-
-BLOCK_SIZE = 32
-NUM_SPECULATIVE_TOKENS = 3
-# Small enough for prompts of a few hundred tokens to cross it.
-METHOD_KEYS = {"chunk_size": 32, "token_budget": 64, "retrieval_interval": 2, "activation_length": 128}
-# Lossless checks: some prompts below the activation length, some far above it.
-PROMPT_LENGTHS = [40, 100, 150, 260, 400, 520, 700, 880]
-MAX_TOKENS = 24
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,57 +40,4 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def plain_outputs(tiny_models: dict[str, Path], prompts: list[list[int]]) -> list[list[int]]:
-    llm = make_llm(tiny_models["target"])
-    outputs = generate_ids(llm, prompts, MAX_TOKENS)
-    del llm
-    return outputs
-
-
-def make_llm(model: Path, speculative_config: dict[str, Any] | None = None, **overrides: Any) -> Any:
-    from vllm import LLM
-
-    kwargs: dict[str, Any] = dict(
-        model=str(model),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=1024,
-        block_size=BLOCK_SIZE,
-        skip_tokenizer_init=True,
-        max_num_seqs=16,
-        seed=0,
-        disable_log_stats=False,
-    )
-    kwargs.update(overrides)
-    return LLM(speculative_config=speculative_config, **kwargs)
-
-
-def specextend_config(draft: Path, **keys: Any) -> dict[str, Any]:
-    return {
-        "method": "specextend",
-        "model": str(draft),
-        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-        **METHOD_KEYS,
-        **keys,
-    }
-
-
-def random_prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, 500, (n,), generator=generator).tolist() for n in lengths]
-
-
-def generate_ids(llm: Any, prompts: list[list[int]], max_tokens: int, **sampling: Any) -> list[list[int]]:
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **sampling)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
-
-
-def spec_decode_counts(llm: Any) -> dict[str, float]:
-    """vLLM's own spec-decode counters (drafts, draft tokens, accepted tokens)."""
-    counts: dict[str, float] = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value"):
-            counts[metric.name.removeprefix("vllm:spec_decode_")] = metric.value
-    return counts
+    return decode(tiny_models["target"], prompts, MAX_TOKENS).outputs

@@ -1,0 +1,230 @@
+"""Times the C++ paged prefix-attention kernel against vLLM's own CPU attention on the same tokens.
+
+Shapes are Qwen2.5-1.5B's (12 query heads, 2 KV heads, head_dim 128) over a float32 vLLM CPU
+("vec") KV cache in blocks of 128 tokens. For q = k + 1 verified tokens per request, the kernel
+attends them to the request's prefix; vLLM's `cpu_attention_with_kv_cache` verifies them as the
+engine does (causal, over the prefix and the q tokens, with the scheduler metadata of its CPU
+attention backend). vLLM's plain decode step (one token per request, same prefix) is the
+baseline. Each case first checks the kernel against vLLM's non-causal attention over the prefix
+alone. Prints a table and writes benchmarks/results/prefix_attention_cpu.json.
+
+    python -m benchmarks.kernels.bench_prefix_attention [--quick] [--threads 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import vllm
+from vllm import _custom_ops as vllm_ops
+from vllm import envs as vllm_envs
+
+from benchmarks.kernels.bench_chunk_scores import cpu_model, median_ms
+from specextend_vllm import ops
+from specextend_vllm.kv_cache_layout import cpu_vec_key_cache_view, cpu_vec_value_cache_view
+
+NUM_Q_HEADS = 12
+NUM_KV_HEADS = 2
+HEAD_DIM = 128
+BLOCK_SIZE = 128
+SCALE = HEAD_DIM**-0.5
+VLLM_ISA = "vec"  # what vLLM's CPU backend picks for float32 caches without AMX
+DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "results" / "prefix_attention_cpu.json"
+
+
+@dataclass
+class PagedCache:
+    raw: torch.Tensor  # [num_blocks, Hkv, block_size, 2 * D], vLLM's CPU "vec" layout
+    block_table: torch.Tensor  # [B, W] int32, shuffled blocks
+
+
+def make_cache(batch: int, num_tokens: int, seed: int = 0) -> PagedCache:
+    """Random keys and values for num_tokens tokens of each request."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks_per_request = -(-num_tokens // BLOCK_SIZE)
+    num_blocks = batch * blocks_per_request
+    raw = torch.randn(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM, generator=generator)
+    block_table = torch.randperm(num_blocks, generator=generator, dtype=torch.int32)
+    return PagedCache(raw, block_table.view(batch, blocks_per_request))
+
+
+def query_start_loc(batch: int, query_len: int) -> torch.Tensor:  # [B + 1] int32
+    return torch.arange(0, batch * query_len + 1, query_len, dtype=torch.int32)
+
+
+def vllm_attention(
+    cache: PagedCache, query: torch.Tensor, query_len: int, seq_len: int, causal: bool
+) -> tuple[Callable[[], None], torch.Tensor]:
+    """vLLM's CPU attention call of its backend (vllm/v1/attention/backends/cpu_attn.py) for
+    `query` [B * query_len, Hq, D], each request's tokens being the last query_len of seq_len:
+    the call, and the output [B * query_len, Hq, D] it writes."""
+    batch = cache.block_table.shape[0]
+    starts = query_start_loc(batch, query_len)
+    seq_lens = torch.full((batch,), seq_len, dtype=torch.int32)
+    scheduler_metadata = vllm_ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=batch,
+        num_heads=NUM_Q_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_dim=HEAD_DIM,
+        seq_lens=seq_lens,
+        dtype=torch.float32,
+        query_start_loc=starts,
+        causal=causal,
+        sliding_window_size=-1,
+        isa=VLLM_ISA,
+        enable_kv_split=vllm_envs.VLLM_CPU_ATTN_SPLIT_KV,
+    )
+    num_blocks = cache.raw.shape[0]
+    blocks = cache.raw.view(num_blocks, NUM_KV_HEADS, 2 * BLOCK_SIZE, HEAD_DIM)
+    key_cache, value_cache = blocks.chunk(2, dim=2)
+    output = torch.empty_like(query)
+
+    def call() -> None:
+        vllm_ops.cpu_attention_with_kv_cache(
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=output,
+            query_start_loc=starts,
+            seq_lens=seq_lens,
+            scale=SCALE,
+            causal=causal,
+            alibi_slopes=None,
+            sliding_window=-1,
+            block_table=cache.block_table,
+            softcap=0,
+            scheduler_metadata=scheduler_metadata,
+            s_aux=None,
+        )
+
+    return call, output
+
+
+def kernel_call(
+    cache: PagedCache, query: torch.Tensor, query_len: int, prefix_len: int
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    batch = cache.block_table.shape[0]
+    args = (
+        query,
+        cpu_vec_key_cache_view(cache.raw),
+        cpu_vec_value_cache_view(cache.raw),
+        cache.block_table,
+        torch.full((batch,), prefix_len, dtype=torch.int32),
+        query_start_loc(batch, query_len),
+        SCALE,
+    )
+    return lambda: ops.paged_prefix_attention(*args)
+
+
+def run(
+    threads: list[int],
+    prefix_lens: list[int],
+    batches: list[int],
+    query_lens: list[int],
+    repeats: int,
+) -> list[dict[str, Any]]:
+    results = []
+    print(
+        f"{'threads':>7} {'prefix':>6} {'batch':>5} {'q':>3} {'kernel ms':>10} "
+        f"{'vLLM verify ms':>15} {'vLLM decode ms':>15} {'vs verify':>9} {'vs decode':>9}"
+    )
+    for num_threads in threads:
+        torch.set_num_threads(num_threads)
+        for prefix_len in prefix_lens:
+            for batch in batches:
+                cache = make_cache(batch, prefix_len + max(query_lens))
+                generator = torch.Generator().manual_seed(1)
+                decode_query = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, generator=generator)
+                decode, _ = vllm_attention(cache, decode_query, 1, prefix_len + 1, causal=True)
+                decode_ms = median_ms(decode, repeats)
+                for query_len in query_lens:
+                    query = torch.randn(
+                        batch * query_len, NUM_Q_HEADS, HEAD_DIM, generator=generator
+                    )
+                    kernel = kernel_call(cache, query, query_len, prefix_len)
+                    prefix_only, expected = vllm_attention(
+                        cache, query, query_len, prefix_len, causal=False
+                    )
+                    prefix_only()
+                    torch.testing.assert_close(kernel()[0], expected, rtol=1e-4, atol=1e-5)
+                    verify, _ = vllm_attention(
+                        cache, query, query_len, prefix_len + query_len, causal=True
+                    )
+                    kernel_ms = median_ms(kernel, repeats)
+                    verify_ms = median_ms(verify, repeats)
+                    print(
+                        f"{num_threads:>7} {prefix_len:>6} {batch:>5} {query_len:>3} "
+                        f"{kernel_ms:>10.3f} {verify_ms:>15.3f} {decode_ms:>15.3f} "
+                        f"{verify_ms / kernel_ms:>8.2f}x {kernel_ms / decode_ms:>8.2f}x"
+                    )
+                    results.append(
+                        {
+                            "threads": num_threads,
+                            "prefix_len": prefix_len,
+                            "batch": batch,
+                            "query_len": query_len,
+                            "kernel_ms": round(kernel_ms, 4),
+                            "vllm_verify_ms": round(verify_ms, 4),
+                            "vllm_decode_ms": round(decode_ms, 4),
+                            "speedup_vs_vllm_verify": round(verify_ms / kernel_ms, 2),
+                            "kernel_over_vllm_decode": round(kernel_ms / decode_ms, 2),
+                        }
+                    )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="4K tokens only, fewer repeats")
+    parser.add_argument("--repeats", type=int, help="timed runs per case (median reported)")
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts to time"
+    )
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args()
+
+    prefix_lens = [4096] if args.quick else [4096, 16384, 32768]
+    repeats = args.repeats or (3 if args.quick else 10)
+    machine = {
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_version": torch.__version__,
+        "vllm_version": vllm.__version__,
+        "python_version": platform.python_version(),
+    }
+    print(f"{machine['cpu_model']}, torch {machine['torch_version']}, vLLM {vllm.__version__}")
+    results = run(args.threads, prefix_lens, [1, 8], [3, 5, 9], repeats)
+
+    report = {
+        "machine": machine,
+        "config": {
+            "num_q_heads": NUM_Q_HEADS,
+            "num_kv_heads": NUM_KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "block_size": BLOCK_SIZE,
+            "dtype": "float32",
+            "layout": "cpu_vec",
+            "vllm_isa": VLLM_ISA,
+            "vllm_split_kv": vllm_envs.VLLM_CPU_ATTN_SPLIT_KV,
+            "repeats": repeats,
+            "statistic": "median",
+        },
+        "results": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

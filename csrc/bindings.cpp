@@ -1,0 +1,39 @@
+// The specextend_vllm._C module: every op schema, the CPU implementations, and
+// the Python module whose import registers them. CUDA implementations register
+// themselves next to their kernels (csrc/<op>/cuda_op.cpp), when built.
+#include <Python.h>
+
+#include <torch/library.h>
+
+#include "chunk_scores/cpu.h"
+#include "paged_prefix_attention/cpu.h"
+
+namespace specextend {
+
+TORCH_LIBRARY(specextend, m) {
+  // Each op's fake (meta) implementation is registered in Python, in the module
+  // named before its schema.
+  m.set_python_module("specextend_vllm.ops.chunk_scores");
+  m.def(
+      "chunk_scores(Tensor query, Tensor key_cache, Tensor block_table, "
+      "Tensor context_lens, int chunk_size, float scale, int num_chunks) "
+      "-> Tensor");
+  m.set_python_module("specextend_vllm.ops.paged_prefix_attention");
+  m.def(
+      "paged_prefix_attention(Tensor query, Tensor key_cache, "
+      "Tensor value_cache, Tensor block_table, Tensor prefix_lens, "
+      "Tensor query_start_loc, float scale) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(specextend, CPU, m) {
+  m.impl("chunk_scores", &chunk_scores_cpu);
+  m.impl("paged_prefix_attention", &paged_prefix_attention_cpu);
+}
+
+}  // namespace specextend
+
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1,
+                                   nullptr};
+  return PyModule_Create(&module_def);
+}

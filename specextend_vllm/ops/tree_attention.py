@@ -1,0 +1,77 @@
+"""Attention among the tokens being verified, from their own keys and values (no cache
+read-back), under a per-request mask: the "tree" half of hybrid tree attention.
+
+Pure torch: the tokens of a step number a few per request, so one batched einsum over
+requests padded to the longest covers them; no compiled kernel is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tree_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    ancestor_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's query tokens attend to its own new tokens.
+
+    query: [T, Hq, D]; key, value: [T, Hkv, D]; query_start_loc: [R + 1];
+    ancestor_mask: [R, L, L] bool, L >= max_query_len, row i of request r may attend to
+    column j where True (None: causal, as for a chain).
+    Returns (output [T, Hq, D] float32, lse [Hq, T] float32); rows past
+    query_start_loc[R] get output 0 and lse -inf.
+
+    Two tokens, one head, D=1, causal: the first attends to itself only, the second to
+    both with logits [0, ln 3] (values 1 and 5), so it gets (1 + 3 * 5) / 4 = 4:
+
+    >>> import math
+    >>> out, lse = tree_attention(
+    ...     query=torch.tensor([[[0.0]], [[1.0]]]),
+    ...     key=torch.tensor([[[0.0]], [[math.log(3.0)]]]),
+    ...     value=torch.tensor([[[1.0]], [[5.0]]]),
+    ...     query_start_loc=torch.tensor([0, 2]),
+    ...     max_query_len=2,
+    ...     scale=1.0,
+    ... )
+    >>> out.flatten().tolist(), [round(x, 4) for x in lse.flatten().tolist()]
+    ([1.0, 4.0], [0.0, 1.3863])
+    """
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    group = num_q_heads // num_kv_heads
+    starts = query_start_loc[:-1].long()
+    query_lens = query_start_loc[1:].long() - starts
+    columns = torch.arange(max_query_len, device=query.device)
+    is_token = columns[None, :] < query_lens[:, None]  # [R, L]
+    rows = (starts[:, None] + columns[None, :]).clamp(max=max(num_tokens - 1, 0))
+
+    padded_query = query[rows].float().view(*rows.shape, num_kv_heads, group, head_dim)
+    padded_key = key[rows].float()  # [R, L, Hkv, D]
+    padded_value = value[rows].float()
+    logits = torch.einsum("rqkgd,rjkd->rkgqj", padded_query, padded_key) * scale
+
+    if ancestor_mask is None:
+        allowed = columns[None, :] <= columns[:, None]
+        allowed = allowed[None].expand(rows.shape[0], -1, -1)
+    else:
+        allowed = ancestor_mask[:, :max_query_len, :max_query_len].to(torch.bool)
+    allowed = allowed & is_token[:, None, :] & is_token[:, :, None]  # [R, L(q), L(j)]
+    logits = logits.masked_fill(~allowed[:, None, None], float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)  # [R, Hkv, G, L]
+    probs = torch.exp(logits - lse[..., None].clamp(min=torch.finfo(torch.float32).min))
+    padded_output = torch.einsum("rkgqj,rjkd->rqkgd", probs, padded_value)
+
+    output = query.new_zeros(num_tokens, num_q_heads, head_dim, dtype=torch.float32)
+    token_lse = torch.full(
+        (num_q_heads, num_tokens), float("-inf"), device=query.device, dtype=torch.float32
+    )
+    token_rows = rows[is_token]
+    output[token_rows] = padded_output[is_token].reshape(-1, num_q_heads, head_dim)
+    token_lse[:, token_rows] = lse.permute(1, 2, 0, 3)[:, :, is_token].reshape(num_q_heads, -1)
+    return output, token_lse

@@ -1,0 +1,65 @@
+"""The patch mechanism: one declarative class per seam in vLLM."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class PatchTargetMissing(RuntimeError):
+    """A patch's target is not in the installed vLLM (a release moved or renamed it)."""
+
+
+def describe(target: Any, attribute: str) -> str:
+    module = getattr(target, "__module__", None) or getattr(target, "__name__", "?")
+    name = getattr(target, "__qualname__", None)
+    return f"{module}.{name}.{attribute}" if name and isinstance(target, type) else f"{module}.{attribute}"
+
+
+class VllmPatch:
+    """Replaces `target.attribute` with `replacement`, keeping the original.
+
+    A patch that `adds` an attribute (a worker method called by name) requires it absent;
+    every other patch requires it present, on the target itself (not inherited), so
+    that a vLLM release that moves or renames it fails at plugin load, naming it.
+    Applying twice is harmless.
+    """
+
+    target: ClassVar[Any]
+    attribute: ClassVar[str]
+    adds: ClassVar[bool] = False
+    original: ClassVar[Any]
+
+    @classmethod
+    def replacement(cls, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{cls.__name__} defines no replacement")
+
+    @classmethod
+    def check_target(cls) -> None:
+        """Raises PatchTargetMissing if the target is not as the patch expects."""
+        present = cls.attribute in vars(cls.target)
+        if cls.adds == present:
+            import vllm
+
+            where = describe(cls.target, cls.attribute)
+            state = "already exists" if present else "does not exist"
+            raise PatchTargetMissing(
+                f"specextend-vllm: patch {cls.__name__} needs {where}, which {state} in "
+                f"vLLM {vllm.__version__}. Install a supported vLLM, or set "
+                "SPECEXTEND_DISABLE=1 to run vLLM without the plugin."
+            )
+
+    @classmethod
+    def is_applied(cls) -> bool:
+        return "original" in cls.__dict__
+
+    @classmethod
+    def apply(cls) -> None:
+        if cls.is_applied():
+            return
+        cls.check_target()
+        cls.original = None if cls.adds else vars(cls.target)[cls.attribute]
+        setattr(cls.target, cls.attribute, cls.new_attribute())
+
+    @classmethod
+    def new_attribute(cls) -> Any:
+        return cls.replacement

@@ -1,0 +1,46 @@
+"""The ordered list of declarative patches, and their installation."""
+
+from __future__ import annotations
+
+from vllm.platforms import current_platform
+
+from specextend_vllm.patches import config, metrics, runner, sampler, scheduler
+from specextend_vllm.patches.base import VllmPatch
+from specextend_vllm.profiling import step_timings_enabled
+
+PATCHES: tuple[type[VllmPatch], ...] = (
+    config.SpeculativeConfigFromDict,
+    config.EngineConfigCarriesSpecExtend,
+    config.V1ModelRunnerForSpecExtend,
+    runner.ProposerForSpecExtend,
+    runner.RequestLifecycle,
+    runner.DraftsPastTrainedLength,
+    runner.WorkerReconfiguresSpecExtend,
+    scheduler.SchedulerLeavesWorkingCopyBlocks,
+    metrics.WorkerReportsRetrievalStats,
+)
+
+STEP_TIMING_PATCHES: tuple[type[VllmPatch], ...] = (
+    metrics.TimeTargetForward,
+    metrics.TimeDraftProposal,
+    metrics.WorkerReportsStepTimings,
+)
+
+CPU_PATCHES: tuple[type[VllmPatch], ...] = (sampler.ExpandBatchToTokensOnCpu,)
+
+ALL_PATCHES = PATCHES + STEP_TIMING_PATCHES + CPU_PATCHES
+
+
+def patches_for_this_process() -> tuple[type[VllmPatch], ...]:
+    patches = PATCHES + (STEP_TIMING_PATCHES if step_timings_enabled() else ())
+    return patches + (CPU_PATCHES if current_platform.is_cpu() else ())
+
+
+def apply_all() -> None:
+    """Checks every target first, so that a missing one leaves vLLM unpatched."""
+    patches = patches_for_this_process()
+    for patch in patches:
+        if not patch.is_applied():
+            patch.check_target()
+    for patch in patches:
+        patch.apply()

@@ -1,0 +1,91 @@
+"""Model runner and worker seams: the proposer, request lifecycle, drafting past the
+draft's trained length, and the worker methods behind the public helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.worker import gpu_model_runner
+from vllm.v1.worker.worker_base import WorkerBase
+
+from specextend_vllm.config import METHOD_NAME
+from specextend_vllm.patches.base import VllmPatch
+from specextend_vllm.vllm_access.config import specextend_config
+from specextend_vllm.vllm_access.runner import DraftModelProposer
+
+
+class _ProposerSelector(type):
+    """A stand-in for `DraftModelProposer` in the V1 runner's module: builds
+    `SpecExtendProposer` when the method is configured, and answers isinstance checks
+    as the original class does."""
+
+    def __call__(cls, vllm_config: VllmConfig, device: torch.device, runner: Any = None) -> Any:
+        if specextend_config(vllm_config) is None:
+            return DraftModelProposer(vllm_config=vllm_config, device=device, runner=runner)
+        from specextend_vllm.proposer import SpecExtendProposer
+
+        return SpecExtendProposer(vllm_config, device, runner)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, DraftModelProposer)
+
+
+class ProposerForSpecExtend(VllmPatch):
+    target = gpu_model_runner
+    attribute = "DraftModelProposer"
+
+    @classmethod
+    def new_attribute(cls) -> Any:
+        return _ProposerSelector("DraftModelProposer", (), {})
+
+
+class RequestLifecycle(VllmPatch):
+    """Frees a request's retrieval state when it finishes or is aborted, and resets it
+    when it resumes after preemption."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_update_states"
+
+    @staticmethod
+    def replacement(self: Any, scheduler_output: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        on_requests_changed = getattr(drafter, "on_requests_changed", None)
+        if on_requests_changed is not None:
+            on_requests_changed(
+                scheduler_output.finished_req_ids,
+                scheduler_output.scheduled_cached_reqs.resumed_req_ids,
+            )
+        return RequestLifecycle.original(self, scheduler_output)
+
+
+class DraftsPastTrainedLength(VllmPatch):
+    """vLLM runs no draft for a batch holding a request longer than the draft's own
+    max_model_len (it verifies dummy drafts instead). `specextend` drafts for requests up
+    to the target's length: on compact positions, or on absolute positions with the
+    draft's RoPE table extended."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_input_fits_in_drafter"
+
+    @staticmethod
+    def replacement(self: Any, common_attn_metadata: Any) -> bool:
+        if specextend_config(self.vllm_config) is None or common_attn_metadata is None:
+            return DraftsPastTrainedLength.original(self, common_attn_metadata)
+        return common_attn_metadata.max_seq_len + self.num_spec_tokens <= self.max_model_len
+
+
+class WorkerReconfiguresSpecExtend(VllmPatch):
+    """Adds the worker method behind `specextend_vllm.reconfigure`."""
+
+    target = WorkerBase
+    attribute = "specextend_reconfigure"
+    adds = True
+
+    @staticmethod
+    def replacement(self: Any, changes: dict[str, Any]) -> dict[str, Any]:
+        reconfigure = getattr(getattr(self.model_runner, "drafter", None), "reconfigure", None)
+        if reconfigure is None:
+            raise ValueError(f"this engine does not run method '{METHOD_NAME}'")
+        return reconfigure(changes).to_dict()

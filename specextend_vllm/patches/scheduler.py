@@ -1,0 +1,44 @@
+"""Scheduler seams."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import KVCacheConfig
+
+from specextend_vllm.patches.base import VllmPatch
+from specextend_vllm.vllm_access import logger
+from specextend_vllm.vllm_access.config import working_copy_manager_blocks
+
+
+class SchedulerLeavesWorkingCopyBlocks(VllmPatch):
+    """With compact positions the scheduler allocates from fewer blocks than the workers
+    hold: the last ones keep the draft's re-rotated working copies."""
+
+    target = Scheduler
+    attribute = "__init__"
+
+    @staticmethod
+    def replacement(
+        self: Any,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        reserved = working_copy_manager_blocks(vllm_config, kv_cache_config)
+        if reserved:
+            logger.info(
+                "SpecExtend: %d of %d KV cache blocks hold the draft's compact working copies",
+                reserved,
+                kv_cache_config.num_blocks,
+            )
+            kv_cache_config = dataclasses.replace(
+                kv_cache_config, num_blocks=kv_cache_config.num_blocks - reserved
+            )
+        SchedulerLeavesWorkingCopyBlocks.original(
+            self, vllm_config, kv_cache_config, *args, **kwargs
+        )

@@ -1,0 +1,153 @@
+"""Hybrid tree attention for the target's verification rows.
+
+A verification step's tokens attend to (1) their request's cached prefix, with no mask:
+one paged-attention call that also returns its log-sum-exp, and (2) each other, under a
+causal mask for a chain (an ancestor mask for a tree), from their own keys and values;
+(3) the two parts merge exactly by their LSEs. Prefill rows, plain decoding and the
+draft's layers stay on vLLM's kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from specextend_vllm import kv_cache_layout, ops
+from specextend_vllm.ops.tree_attention import tree_attention
+from specextend_vllm.vllm_access import logger
+from specextend_vllm.vllm_access.attention import flash_attn_varlen_func, merge_attn_states
+
+
+class VerificationBatch(Protocol):
+    """The fields of vLLM's attention metadata the verification path reads (the CPU
+    and FlashAttention backends both have them)."""
+
+    num_actual_tokens: int
+    max_query_len: int
+    query_start_loc: torch.Tensor  # [R + 1] int32
+    seq_lens: torch.Tensor  # [R] int32, prefix and new tokens
+    block_table: torch.Tensor  # [R, W] int32
+
+
+PrefixAttention = Callable[
+    [torch.Tensor, torch.Tensor, VerificationBatch, torch.Tensor, float],
+    tuple[torch.Tensor, torch.Tensor],
+]
+
+
+def cpu_prefix_attention(
+    query: torch.Tensor,
+    raw_kv_cache: torch.Tensor,
+    batch: VerificationBatch,
+    prefix_lens: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plugin's paged prefix-attention kernel: (output [T, Hq, D], lse [Hq, T])."""
+    num_reqs = prefix_lens.shape[0]
+    return ops.paged_prefix_attention(
+        query,
+        kv_cache_layout.key_cache_view(raw_kv_cache),
+        kv_cache_layout.value_cache_view(raw_kv_cache),
+        batch.block_table[:num_reqs],
+        prefix_lens,
+        batch.query_start_loc[: num_reqs + 1],
+        scale,
+    )
+
+
+def flash_attn_prefix_attention(
+    query: torch.Tensor,
+    raw_kv_cache: torch.Tensor,
+    batch: VerificationBatch,
+    prefix_lens: torch.Tensor,
+    scale: float,
+    varlen_attention: Callable[..., Any] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention over the paged prefix (GPU layout), as vLLM's context-parallel path
+    calls it: no mask, `seqused_k` = prefix lengths, LSE returned as [Hq, T]."""
+    varlen_attention = varlen_attention or flash_attn_varlen_func()
+    num_reqs = prefix_lens.shape[0]
+    output, lse = varlen_attention(
+        q=query,
+        k=kv_cache_layout.key_cache_view(raw_kv_cache),
+        v=kv_cache_layout.value_cache_view(raw_kv_cache),
+        cu_seqlens_q=batch.query_start_loc[: num_reqs + 1],
+        max_seqlen_q=batch.max_query_len,
+        seqused_k=prefix_lens,
+        max_seqlen_k=int(prefix_lens.max()),
+        softmax_scale=scale,
+        causal=False,
+        block_table=batch.block_table[:num_reqs],
+        return_softmax_lse=True,
+    )
+    return output, lse
+
+
+class HybridVerificationAttention:
+    """Stands in for a target layer's attention on verification batches: those whose
+    requests each bring 2 to `max_verified_tokens` new tokens."""
+
+    def __init__(
+        self,
+        scale: float,
+        max_verified_tokens: int,
+        prefix_attention: PrefixAttention,
+        cache_layout_supported: Callable[[], bool],
+        on_verification: Callable[[], None] | None = None,
+    ):
+        self.scale = scale
+        self.max_verified_tokens = max_verified_tokens
+        self.prefix_attention = prefix_attention
+        self._cache_layout_supported = cache_layout_supported
+        self._cache_layout_ok: bool | None = None
+        self._on_verification = on_verification
+
+    def handles(self, batch: Any) -> bool:
+        max_query_len = getattr(batch, "max_query_len", 0)
+        return 2 <= max_query_len <= self.max_verified_tokens and self._reads_cache_layout()
+
+    def _reads_cache_layout(self) -> bool:
+        """Checked at the first verification: caches are bound after the models load."""
+        if self._cache_layout_ok is None:
+            self._cache_layout_ok = self._cache_layout_supported()
+            if not self._cache_layout_ok:
+                logger.warning(
+                    "SpecExtend: the target's KV cache layout is not one the hybrid "
+                    "verification kernel reads; verification stays on vLLM's attention"
+                )
+        return self._cache_layout_ok
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        raw_kv_cache: torch.Tensor,
+        batch: VerificationBatch,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        """query, output: [num_tokens, Hq, D]; key, value: [num_tokens, Hkv, D] (rows
+        past `batch.num_actual_tokens` are padding and left alone)."""
+        num_tokens = batch.num_actual_tokens
+        num_reqs = batch.seq_lens.shape[0]
+        query_start_loc = batch.query_start_loc[: num_reqs + 1]
+        query_lens = query_start_loc[1:] - query_start_loc[:-1]
+        prefix_lens = (batch.seq_lens - query_lens).to(torch.int32)
+        query = query[:num_tokens]
+        prefix_output, prefix_lse = self.prefix_attention(
+            query, raw_kv_cache, batch, prefix_lens, self.scale
+        )
+        tree_output, tree_lse = tree_attention(
+            query,
+            key[:num_tokens],
+            value[:num_tokens],
+            query_start_loc,
+            batch.max_query_len,
+            self.scale,
+        )
+        merge_attn_states(output[:num_tokens], prefix_output, prefix_lse, tree_output, tree_lse)
+        if self._on_verification is not None:
+            self._on_verification()
+        return output

@@ -1,0 +1,62 @@
+"""Attention layers of the target and the draft, and their paged KV caches."""
+
+from __future__ import annotations
+
+import torch
+from vllm.config import VllmConfig, get_layers_from_vllm_config
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.models.utils import extract_layer_index
+
+from specextend_vllm import kv_cache_layout
+from specextend_vllm.config import METHOD_NAME
+
+
+def target_final_attention_layer(vllm_config: VllmConfig, draft_layer_names: set[str]) -> Attention:
+    """The target model's attention layer with the highest layer index."""
+    target_layers = {
+        name: layer
+        for name, layer in get_layers_from_vllm_config(vllm_config, Attention).items()
+        if name not in draft_layer_names
+    }
+    if not target_layers:
+        raise ValueError(f"method '{METHOD_NAME}' found no attention layer in the target model")
+    return target_layers[max(target_layers, key=extract_layer_index)]
+
+
+def attention_layers(vllm_config: VllmConfig, layer_names: set[str]) -> list[Attention]:
+    layers = get_layers_from_vllm_config(vllm_config, Attention)
+    return [layers[name] for name in sorted(layer_names)]
+
+
+def target_attention_layers(vllm_config: VllmConfig, draft_layer_names: set[str]) -> list[Attention]:
+    layers = get_layers_from_vllm_config(vllm_config, Attention)
+    return [layers[name] for name in sorted(layers) if name not in draft_layer_names]
+
+
+def _unbound_raw_kv_cache(layer: Attention) -> torch.Tensor:
+    kv_cache = layer.kv_cache
+    return kv_cache[0] if isinstance(kv_cache, list) else kv_cache
+
+
+def has_supported_cache_layout(layer: Attention) -> bool:
+    """Whether the layer's cache is in one of the layouts of `kv_cache_layout`: the
+    FlashAttention one, or the CPU backend's 'vec' one (its AMX layout is not)."""
+    raw_cache = _unbound_raw_kv_cache(layer)
+    return kv_cache_layout.is_flash_attn_layout(raw_cache) or getattr(layer, "isa", None) == "vec"
+
+
+def raw_kv_cache(layer: Attention) -> torch.Tensor:
+    """The layer's paged KV cache in its backend's own layout, one of those in
+    `kv_cache_layout`."""
+    if not has_supported_cache_layout(layer):
+        raise ValueError(
+            f"method '{METHOD_NAME}' reads the CPU KV cache in the 'vec' layout "
+            "(float32/float16 caches on x86 without AMX); this layer uses "
+            f"'{getattr(layer, 'isa', None)}'."
+        )
+    return _unbound_raw_kv_cache(layer)
+
+
+def key_cache_view(layer: Attention) -> torch.Tensor:
+    """The layer's paged keys as a [num_blocks, block_size, kv_heads, head_dim] view."""
+    return kv_cache_layout.key_cache_view(raw_kv_cache(layer))

@@ -1,0 +1,93 @@
+"""Aborted, preempted and failing requests neither crash the engine nor change the
+outputs of the others; nothing of a finished request leaks into the next one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
+
+from specextend_vllm import retrieval_stats
+from tests.harness import decode, generate_ids, make_llm, random_prompts, specextend_config
+
+pytestmark = pytest.mark.engine
+
+MAX_TOKENS = 24
+PROMPT_LENGTHS = [300, 450, 600, 700, 380, 520]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return random_prompts(PROMPT_LENGTHS, seed=11)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_models: dict[str, Path], prompts: list[list[int]]) -> list[list[int]]:
+    return decode(tiny_models["target"], prompts, MAX_TOKENS).outputs
+
+
+def run_engine_until_done(engine, params: SamplingParams, abort_after_steps: int, to_abort: set[str]) -> dict[str, list[int]]:
+    finished: dict[str, list[int]] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = list(output.outputs[0].token_ids)
+        steps += 1
+        if steps == abort_after_steps:
+            engine.abort_request(sorted(to_abort))
+    return finished
+
+
+def test_aborts_and_reused_ids_do_not_disturb_other_requests(
+    tiny_models: dict[str, Path], prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    llm = make_llm(tiny_models["target"], specextend_config(tiny_models["draft_noisy"]))
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"r{index}", {"prompt_token_ids": prompt}, params)
+    to_abort = {"r1", "r4"}
+    finished = run_engine_until_done(engine, params, abort_after_steps=6, to_abort=to_abort)
+    for index, expected in enumerate(plain_outputs):
+        if f"r{index}" not in to_abort:
+            assert finished[f"r{index}"] == expected
+
+    # The aborted ids come back with other prompts: no state of the first ones survives.
+    swapped = {"r1": 3, "r4": 0}
+    for request_id, prompt_index in swapped.items():
+        engine.add_request(request_id, {"prompt_token_ids": prompts[prompt_index]}, params)
+    finished = run_engine_until_done(engine, params, abort_after_steps=-1, to_abort=set())
+    for request_id, prompt_index in swapped.items():
+        assert finished[request_id] == plain_outputs[prompt_index]
+    stats = retrieval_stats(llm)[0]
+    assert stats["retrievals"] > 0
+
+
+def test_preemption_keeps_outputs_exact(tiny_models: dict[str, Path]) -> None:
+    # Four prompts of 10 blocks of 32 tokens fill 42 blocks; their growth past 320 tokens
+    # does not fit, and the scheduler preempts.
+    prompts = random_prompts([310, 315, 318, 312], seed=12)
+    expected = decode(tiny_models["target"], prompts, MAX_TOKENS).outputs
+    llm = make_llm(
+        tiny_models["target"],
+        specextend_config(tiny_models["draft_noisy"]),
+        num_gpu_blocks_override=42,
+        enable_prefix_caching=False,
+    )
+    assert generate_ids(llm, prompts, MAX_TOKENS) == expected
+    preemptions = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions" and hasattr(m, "value")]
+    assert preemptions and preemptions[0] > 0
+    assert retrieval_stats(llm)[0]["retrievals"] > 0
+
+
+def test_a_failing_request_leaves_the_engine_serving(
+    tiny_models: dict[str, Path], prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    llm = make_llm(tiny_models["target"], specextend_config(tiny_models["draft_noisy"]))
+    too_long = random_prompts([2000], seed=3)
+    with pytest.raises(VLLMValidationError, match="maximum context length"):
+        generate_ids(llm, too_long, MAX_TOKENS)
+    assert generate_ids(llm, prompts[:2], MAX_TOKENS) == plain_outputs[:2]

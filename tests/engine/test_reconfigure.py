@@ -1,0 +1,72 @@
+"""One running engine switched between policies stays lossless, and its steps are timed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specextend_vllm import reconfigure, retrieval_stats, step_timings
+from tests.harness import (
+    MAX_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    generate_ids,
+    make_llm,
+    specextend_config,
+)
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_models: dict[str, Path], plain_outputs: list[list[int]]) -> Any:
+    """Needs `plain_outputs` first: vLLM keeps one engine's parallel state per process, so
+    no other engine may start and stop while this one lives."""
+    return make_llm(tiny_models["target"], specextend_config(tiny_models["draft_noisy"], policy="full"))
+
+
+@pytest.mark.parametrize("policy", ["cmr", "streaming", "full"])
+def test_policy_switched_on_a_running_engine_stays_lossless(
+    llm: Any, policy: str, prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    [config] = reconfigure(llm, policy=policy, retrieval_interval=1)
+    assert config["policy"] == policy and config["retrieval_interval"] == 1
+    retrievals_before = retrieval_stats(llm)[0]["retrievals"]
+    assert generate_ids(llm, prompts, MAX_TOKENS) == plain_outputs
+    retrievals = retrieval_stats(llm)[0]["retrievals"] - retrievals_before
+    assert (retrievals == 0) == (policy == "full")
+
+
+@pytest.mark.parametrize("verification_attention", ["native", "hybrid"])
+def test_verification_attention_switched_on_a_running_engine_stays_lossless(
+    llm: Any, verification_attention: str, prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    reconfigure(llm, policy="cmr", verification_attention=verification_attention)
+    before = retrieval_stats(llm)[0]["hybrid_verifications"]
+    assert generate_ids(llm, prompts, MAX_TOKENS) == plain_outputs
+    hybrid_verifications = retrieval_stats(llm)[0]["hybrid_verifications"] - before
+    assert (hybrid_verifications > 0) == (verification_attention == "hybrid")
+
+
+def test_reconfigure_rejects_keys_fixed_at_start_and_bad_values(llm: Any) -> None:
+    with pytest.raises(ValueError, match=r"chunk_size.*allowed keys"):
+        reconfigure(llm, chunk_size=64)
+    with pytest.raises(ValueError, match=r"speculative_config\['policy'\] must be one of"):
+        reconfigure(llm, policy="everything")
+    with pytest.raises(ValueError, match=r"cannot switch to positions 'compact'.*no KV cache blocks"):
+        reconfigure(llm, policy="cmr", positions="compact")
+
+
+def test_step_timings_cover_target_forward_and_each_draft_pass(llm: Any, prompts: list[list[int]]) -> None:
+    llm.reset_prefix_cache()
+    step_timings(llm)
+    generate_ids(llm, prompts[:2], 8)
+    [records] = step_timings(llm)
+    decode_steps = [r for r in records if r["num_target_tokens"] <= 2 * (NUM_SPECULATIVE_TOKENS + 1)]
+    assert decode_steps and len(decode_steps) < len(records)
+    for record in decode_steps:
+        assert len(record["draft_passes_s"]) == NUM_SPECULATIVE_TOKENS
+        assert record["target_forward_s"] > 0
+        assert record["propose_s"] >= sum(record["draft_passes_s"]) > 0
+    assert step_timings(llm) == [[]]

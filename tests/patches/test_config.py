@@ -1,0 +1,138 @@
+"""Bad configurations are rejected when the config is built, before any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specextend_vllm.config import SpecExtendConfig
+from tests.harness import BLOCK_SIZE, specextend_config
+
+
+def build_engine_config(model: Path, speculative_config: dict[str, Any], **overrides: Any) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=str(model),
+        dtype="float32",
+        max_model_len=1024,
+        block_size=BLOCK_SIZE,
+        skip_tokenizer_init=True,
+        speculative_config=speculative_config,
+        **overrides,
+    )
+    return args.create_engine_config()
+
+
+def test_defaults() -> None:
+    config = SpecExtendConfig().resolve_chunk_size(128)
+    assert (config.chunk_size, config.token_budget, config.retrieval_interval) == (128, 1024, 4)
+    assert config.policy == "cmr" and config.num_kept_chunks == 8
+
+
+def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> None:
+    vllm_config = build_engine_config(
+        tiny_models["target"], specextend_config(tiny_models["draft_noisy"])
+    )
+    assert vllm_config.speculative_config.method == "draft_model"
+    assert vllm_config.additional_config["specextend"]["chunk_size"] == 32
+    assert vllm_config.use_v2_model_runner is False
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"chunk_sise": 32}, r"unknown key\(s\) \['chunk_sise'\]"),
+        ({"policy": "lru"}, r"\['policy'\] must be one of \['cmr', 'streaming', 'full'\]"),
+        (
+            {"verification_attention": "flash"},
+            r"\['verification_attention'\] must be one of \['auto', 'hybrid', 'native'\]",
+        ),
+        ({"token_budget": 0}, r"\['token_budget'\] must be >= 1"),
+        ({"retrieval_interval": "4"}, r"\['retrieval_interval'\] must be an integer"),
+        ({"retrieval_interval": True}, r"\['retrieval_interval'\] must be an integer"),
+        ({"activation_length": 32}, r"\['activation_length'\] must be >= .*token_budget"),
+        (
+            {"chunk_size": 48},
+            r"\['chunk_size'\] must be a multiple of the KV cache block size \(32\)",
+        ),
+        (
+            {"chunk_size": 128, "token_budget": 64},
+            r"\['token_budget'\] must be >= the chunk size \(128\)",
+        ),
+        ({"parallel_drafting": True}, r"\['parallel_drafting'\] must be False"),
+        (
+            {"disable_padded_drafter_batch": True},
+            r"\['disable_padded_drafter_batch'\] must be False",
+        ),
+        ({"model": None}, r"\['model'\] is required"),
+        ({"num_speculative_tokens": None}, r"\['num_speculative_tokens'\] is required"),
+        (
+            {"positions": "relative"},
+            r"\['positions'\] must be one of \['auto', 'absolute', 'compact'\]",
+        ),
+        (
+            {"retrieval_trigger": "sometimes"},
+            r"\['retrieval_trigger'\] must be one of \['interval', 'adaptive'\]",
+        ),
+    ],
+)
+def test_bad_config_is_rejected(
+    tiny_models: dict[str, Path], keys: dict[str, Any], message: str
+) -> None:
+    config = {
+        k: v
+        for k, v in {**specextend_config(tiny_models["draft_noisy"]), **keys}.items()
+        if v is not None
+    }
+    with pytest.raises(ValueError, match=message):
+        build_engine_config(tiny_models["target"], config)
+
+
+def test_draft_with_another_vocabulary_is_rejected(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    from transformers import Qwen2ForCausalLM
+
+    from tests.tiny_models import tiny_qwen2_config
+
+    config = tiny_qwen2_config()
+    config.vocab_size = 640
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "other_vocab")
+    with pytest.raises(ValueError, match="same vocabulary size"):
+        build_engine_config(tiny_models["target"], specextend_config(tmp_path / "other_vocab"))
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (
+            {"activation_length": 512},
+            r"\['activation_length'\] \(512\) must be <= the draft's trained length \(256",
+        ),
+        (
+            {"token_budget": 256, "activation_length": 256},
+            r"\['token_budget'\] \(256\) must be below the draft's trained length",
+        ),
+    ],
+)
+def test_compact_positions_must_fit_the_draft_trained_length(
+    tmp_path: Path, tiny_models: dict[str, Path], keys: dict[str, Any], message: str
+) -> None:
+    import shutil
+
+    from tests.tiny_models import set_trained_length
+
+    draft = set_trained_length(
+        Path(shutil.copytree(tiny_models["draft_noisy"], tmp_path / "short")), 256
+    )
+    for positions in ("auto", "compact"):
+        with pytest.raises(ValueError, match=message):
+            build_engine_config(
+                tiny_models["target"], specextend_config(draft, positions=positions, **keys)
+            )
+    build_engine_config(
+        tiny_models["target"], specextend_config(draft, positions="absolute", **keys)
+    )

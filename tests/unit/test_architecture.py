@@ -1,0 +1,75 @@
+"""The package's layering: no import circles (lazy imports included), and vLLM's
+internals imported only by the access layer and the patches."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import specextend_vllm
+
+PACKAGE_ROOT = Path(specextend_vllm.__file__).parent
+VLLM_LAYERS = ("specextend_vllm.vllm_access", "specextend_vllm.patches")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULE_NAMES = {module_name(path) for path in PACKAGE_ROOT.rglob("*.py")}
+COMPILED_MODULES = {"specextend_vllm._C"}  # built by setup.py, not a source file
+
+
+def imported_names(path: Path) -> set[str]:
+    """`from package import submodule` depends on the submodule, not on the package."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & (
+                MODULE_NAMES | COMPILED_MODULES
+            )
+            names.update(submodules or {node.module})
+    return names
+
+
+MODULES = {module_name(path): imported_names(path) for path in PACKAGE_ROOT.rglob("*.py")}
+
+
+def internal_edges(module: str) -> set[str]:
+    return {name for name in MODULES[module] if name in MODULES and name != module}
+
+
+def test_no_import_circles() -> None:
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        if module in done:
+            return
+        assert module not in visiting, " -> ".join(visiting[visiting.index(module) :] + [module])
+        visiting.append(module)
+        for dependency in internal_edges(module):
+            visit(dependency)
+        visiting.pop()
+        done.add(module)
+
+    for module in MODULES:
+        visit(module)
+
+
+def test_vllm_internals_only_in_the_access_layer_and_the_patches() -> None:
+    offenders = {
+        module: sorted(name for name in names if name.startswith("vllm."))
+        for module, names in MODULES.items()
+        if not module.startswith(VLLM_LAYERS)
+    }
+    assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_the_algorithm_imports_no_vllm_at_all() -> None:
+    for module, names in MODULES.items():
+        if module.startswith("specextend_vllm.algorithm"):
+            assert not any(name == "vllm" or name.startswith("vllm.") for name in names), module

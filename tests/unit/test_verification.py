@@ -1,0 +1,138 @@
+"""Hybrid verification attention on CPU tensors in both cache layouts: prefix attention
+with LSE, masked attention among the new tokens and the LSE merge together equal causal
+attention over each request's whole sequence. On the FlashAttention layout the kernel
+reference stands in for flash-attn's call, with flash-attn's arguments."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from specextend_vllm import kv_cache_layout, ops
+from specextend_vllm.verification import (
+    HybridVerificationAttention,
+    cpu_prefix_attention,
+    flash_attn_prefix_attention,
+)
+
+BLOCK_SIZE = 16
+HEAD_DIM = 32
+NUM_Q_HEADS, NUM_KV_HEADS = 8, 2
+PREFIX_LENS = [0, 5, 40, 100]
+QUERY_LENS = [3, 1, 5, 2]
+PADDING_ROWS = 2
+
+
+def flash_attn_stand_in(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    seqused_k: torch.Tensor,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    block_table: torch.Tensor,
+    return_softmax_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    assert not causal and return_softmax_lse
+    assert k.shape[1:] == (BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM) and max_seqlen_q == max(QUERY_LENS)
+    assert max_seqlen_k == max(PREFIX_LENS)
+    return ops.paged_prefix_attention_reference(
+        q, k, v, block_table, seqused_k, cu_seqlens_q, softmax_scale
+    )
+
+
+def verification_batch(layout: str, seed: int = 0) -> dict[str, Any]:
+    """Requests with a cached prefix and new tokens, whose keys and values are already
+    in the cache (vLLM writes them before attention runs), in shuffled blocks."""
+    generator = torch.Generator().manual_seed(seed)
+    seq_lens = [p + q for p, q in zip(PREFIX_LENS, QUERY_LENS)]
+    blocks_per_request = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    num_blocks = sum(blocks_per_request) + 2
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    block_table = torch.zeros(len(seq_lens), max(blocks_per_request) + 1, dtype=torch.int32)
+    if layout == "cpu_vec":
+        raw = torch.randn(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM, generator=generator)
+    else:
+        raw = torch.randn(2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=generator)
+    keys_view, values_view = kv_cache_layout.key_cache_view(raw), kv_cache_layout.value_cache_view(raw)
+    dense_keys, dense_values = [], []
+    for request, (count, length) in enumerate(zip(blocks_per_request, seq_lens)):
+        block_table[request, :count] = torch.tensor(order[:count])
+        order = order[count:]
+        keys = torch.randn(length, NUM_KV_HEADS, HEAD_DIM, generator=generator)
+        values = torch.randn(length, NUM_KV_HEADS, HEAD_DIM, generator=generator)
+        positions = torch.arange(length)
+        blocks = block_table[request, positions // BLOCK_SIZE].long()
+        keys_view[blocks, positions % BLOCK_SIZE] = keys
+        values_view[blocks, positions % BLOCK_SIZE] = values
+        dense_keys.append(keys)
+        dense_values.append(values)
+    num_tokens = sum(QUERY_LENS)
+    new_rows = [slice(p, p + q) for p, q in zip(PREFIX_LENS, QUERY_LENS)]
+    padding = torch.zeros(PADDING_ROWS, NUM_KV_HEADS, HEAD_DIM)
+    return {
+        "raw": raw,
+        "query": torch.randn(num_tokens + PADDING_ROWS, NUM_Q_HEADS, HEAD_DIM, generator=generator),
+        "key": torch.cat([k[rows] for k, rows in zip(dense_keys, new_rows)] + [padding]),
+        "value": torch.cat([v[rows] for v, rows in zip(dense_values, new_rows)] + [padding]),
+        "dense_keys": dense_keys,
+        "dense_values": dense_values,
+        "batch": SimpleNamespace(
+            num_actual_tokens=num_tokens,
+            max_query_len=max(QUERY_LENS),
+            query_start_loc=torch.tensor([0, *torch.tensor(QUERY_LENS).cumsum(0).tolist()], dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_table=block_table,
+        ),
+    }
+
+
+def causal_attention(data: dict[str, Any], scale: float) -> torch.Tensor:
+    outputs = []
+    start = 0
+    for prefix_len, query_len, keys, values in zip(
+        PREFIX_LENS, QUERY_LENS, data["dense_keys"], data["dense_values"]
+    ):
+        query = data["query"][start : start + query_len]
+        group = NUM_Q_HEADS // NUM_KV_HEADS
+        logits = torch.einsum("qhd,khd->hqk", query, keys.repeat_interleave(group, 1)) * scale
+        positions = prefix_len + torch.arange(query_len)
+        visible = torch.arange(keys.shape[0])[None, :] <= positions[:, None]
+        probs = logits.masked_fill(~visible[None], float("-inf")).softmax(-1)
+        outputs.append(torch.einsum("hqk,khd->qhd", probs, values.repeat_interleave(group, 1)))
+        start += query_len
+    return torch.cat(outputs)
+
+
+@pytest.mark.parametrize("layout", ["cpu_vec", "flash_attn"])
+def test_hybrid_verification_equals_causal_attention_over_the_whole_sequence(layout: str) -> None:
+    data = verification_batch(layout)
+    prefix_attention = (
+        cpu_prefix_attention
+        if layout == "cpu_vec"
+        else lambda *args: flash_attn_prefix_attention(*args, varlen_attention=flash_attn_stand_in)
+    )
+    scale = HEAD_DIM**-0.5
+    path = HybridVerificationAttention(scale, max(QUERY_LENS), prefix_attention, lambda: True)
+    output = torch.full_like(data["query"], 7.0)
+    assert path.handles(data["batch"])
+    path(data["query"], data["key"], data["value"], data["raw"], data["batch"], output)
+    num_tokens = data["batch"].num_actual_tokens
+    torch.testing.assert_close(output[:num_tokens], causal_attention(data, scale), rtol=1e-5, atol=1e-5)
+    assert (output[num_tokens:] == 7.0).all()
+
+
+def test_only_verification_batches_in_a_readable_layout_are_handled() -> None:
+    checks = []
+    path = HybridVerificationAttention(1.0, 4, cpu_prefix_attention, lambda: checks.append(1) or False)
+    assert not path.handles(SimpleNamespace(max_query_len=1))
+    assert not path.handles(SimpleNamespace(max_query_len=5))
+    assert not path.handles(SimpleNamespace(max_query_len=3))
+    assert not path.handles(SimpleNamespace(max_query_len=2))
+    assert checks == [1]
