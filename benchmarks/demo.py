@@ -27,15 +27,24 @@ def long_prompt(target: Path, num_tokens: int) -> list[int]:
     return summary_prompt(tokenizer, long_texts()["shakespeare/hamlet"], num_tokens)
 
 
-def run_method(target: Path, speculative_config: dict[str, Any] | None, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+def progress(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def run_method(
+    name: str, target: Path, speculative_config: dict[str, Any] | None, prompt: list[int], max_tokens: int
+) -> dict[str, Any]:
     from vllm import SamplingParams
 
+    progress(f"{name}: starting the engine")
     llm = engine.make_llm(target, speculative_config, len(prompt) + max_tokens + 64)
     request = [{"prompt_token_ids": prompt}]
+    progress(f"{name}: prefill of {len(prompt)} tokens")
     start = time.perf_counter()
     llm.generate(request, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
     prefill_s = time.perf_counter() - start
     before = spec_counts(llm)
+    progress(f"{name}: decoding {max_tokens} tokens")
     start = time.perf_counter()
     output = llm.generate(request, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
     decode_s = time.perf_counter() - start
@@ -58,6 +67,7 @@ def run_method(target: Path, speculative_config: dict[str, Any] | None, prompt: 
         stats.pop("selections")
         result["retrieval"] = stats
     engine.close(llm)
+    progress(f"{name}: {result['decode_tokens_per_s']:.2f} decode tokens/s")
     return result
 
 
@@ -87,7 +97,9 @@ def main() -> None:
         "draft_model": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k},
         "specextend": {"method": "specextend", "model": str(draft), "num_speculative_tokens": k},
     }
-    results = {name: run_method(target, config, prompt, args.max_tokens) for name, config in methods.items()}
+    results = {
+        name: run_method(name, target, config, prompt, args.max_tokens) for name, config in methods.items()
+    }
     baseline = results["no_speculation"]
     print(f"\nprompt: {len(prompt)} tokens, {args.max_tokens} new tokens, greedy, k={k}")
     print(f"{'method':<16}{'same output':>12}{'decode tok/s':>14}{'acceptance':>12}{'prefill s':>11}")

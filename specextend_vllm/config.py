@@ -32,6 +32,10 @@ INCOMPATIBLE_SPECULATIVE_KEYS: Mapping[str, Any] = {
 }
 
 
+class SpecExtendConfigError(ValueError):
+    """A `speculative_config` the method cannot run with; the message names the key."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecExtendConfig:
     """What `specextend` adds to vLLM's `speculative_config`.
@@ -76,7 +80,7 @@ class SpecExtendConfig:
             if field.name in CHOICE_KEYS:
                 allowed = get_args(CHOICE_KEYS[field.name])
                 if value not in allowed:
-                    raise ValueError(
+                    raise SpecExtendConfigError(
                         f"speculative_config['{field.name}'] must be one of {list(allowed)}, "
                         f"got {value!r}."
                     )
@@ -84,14 +88,14 @@ class SpecExtendConfig:
             if value is None and field.name == "chunk_size":
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(
+                raise SpecExtendConfigError(
                     f"speculative_config['{field.name}'] must be an integer, "
                     f"got {value!r} ({type(value).__name__})."
                 )
             if value < 1:
-                raise ValueError(f"speculative_config['{field.name}'] must be >= 1, got {value}.")
+                raise SpecExtendConfigError(f"speculative_config['{field.name}'] must be >= 1, got {value}.")
         if self.activation_length < self.token_budget:
-            raise ValueError(
+            raise SpecExtendConfigError(
                 "speculative_config['activation_length'] must be >= "
                 f"speculative_config['token_budget'] ({self.token_budget}), "
                 f"got {self.activation_length}: a request shorter than the budget "
@@ -114,24 +118,24 @@ class SpecExtendConfig:
         own_keys = set(cls.keys())
         unknown = sorted(set(speculative_config) - own_keys - vllm_keys - {"method"})
         if unknown:
-            raise ValueError(
+            raise SpecExtendConfigError(
                 f"speculative_config has unknown key(s) {unknown} for method "
                 f"'{METHOD_NAME}'. Its own keys are {sorted(own_keys)}; the other "
                 f"allowed keys are vLLM's: {sorted(vllm_keys)}."
             )
         if not speculative_config.get("model"):
-            raise ValueError(
+            raise SpecExtendConfigError(
                 f"speculative_config['model'] is required for method '{METHOD_NAME}': "
                 "the path or name of the draft model."
             )
         if speculative_config.get("num_speculative_tokens") is None:
-            raise ValueError(
+            raise SpecExtendConfigError(
                 "speculative_config['num_speculative_tokens'] is required for method "
                 f"'{METHOD_NAME}': a positive integer."
             )
         for key, supported in INCOMPATIBLE_SPECULATIVE_KEYS.items():
             if key in speculative_config and speculative_config[key] != supported:
-                raise ValueError(
+                raise SpecExtendConfigError(
                     f"speculative_config['{key}'] must be {supported} with method "
                     f"'{METHOD_NAME}', got {speculative_config[key]!r}."
                 )
@@ -149,12 +153,12 @@ class SpecExtendConfig:
         cache config is final."""
         chunk_size = block_size if self.chunk_size is None else self.chunk_size
         if chunk_size % block_size:
-            raise ValueError(
+            raise SpecExtendConfigError(
                 f"speculative_config['chunk_size'] must be a multiple of the KV cache "
                 f"block size ({block_size}), got {chunk_size}."
             )
         if self.token_budget < chunk_size:
-            raise ValueError(
+            raise SpecExtendConfigError(
                 f"speculative_config['token_budget'] must be >= the chunk size "
                 f"({chunk_size}), got {self.token_budget}."
             )
@@ -166,14 +170,14 @@ class SpecExtendConfig:
         if self.positions == "absolute" or self.policy == "full":
             return
         if self.activation_length > trained_length:
-            raise ValueError(
+            raise SpecExtendConfigError(
                 f"speculative_config['activation_length'] ({self.activation_length}) must be "
                 f"<= the draft's trained length ({trained_length} positions) with positions "
                 f"{self.positions!r}, so that requests past that length draft on compact "
                 "positions; lower it, or set positions 'absolute'."
             )
         if self.token_budget >= trained_length:
-            raise ValueError(
+            raise SpecExtendConfigError(
                 f"speculative_config['token_budget'] ({self.token_budget}) must be below the "
                 f"draft's trained length ({trained_length} positions) with positions "
                 f"{self.positions!r}."

@@ -1,18 +1,15 @@
-"""The method's numbers, produced in the worker: counters of its work and its recent
-selections (`RetrievalMetrics`), read through `retrieval_stats(llm)`; and a periodic log
-line of them (`MetricsLogger`), kept apart from the numbers."""
+"""The method's numbers, produced in the worker: counts of its work (`SpecExtendCounts`),
+kept with its recent selections by `RetrievalMetrics`. `retrieval_stats(llm)` reads the
+totals; each step's new counts travel to vLLM's front end (`patches.metrics`), whose
+exporters (`metrics_exporters`) turn them into Prometheus counters and a log line."""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
-
-LOG_INTERVAL_SECONDS = 10.0
 
 
 @dataclasses.dataclass
@@ -26,15 +23,66 @@ class Selection:
     kept_chunks: list[int]
 
 
+@dataclasses.dataclass
+class SpecExtendCounts:
+    """The method's work over a span of steps: one step's new work, on its way to the
+    front end, or all of it since the engine started. Draft steps count requests: one
+    proposal for a batch of 3 requests is 3 draft steps."""
+
+    retrievals: int = 0
+    """Chunk selections, one per request that selects."""
+    reduced_draft_steps: int = 0
+    """Draft steps on a reduced cache (kept chunks and the newest tokens)."""
+    compact_draft_steps: int = 0
+    """Those of the reduced draft steps on compact positions (working copies)."""
+    full_draft_steps: int = 0
+    """Draft steps on the full cache (below the activation length, or no selection yet)."""
+    kept_tokens: int = 0
+    """Tokens the draft attends to, summed over the reduced draft steps."""
+    context_tokens: int = 0
+    """Context tokens of the requests, summed over the reduced draft steps."""
+    scorer_calls: int = 0
+    scorer_seconds: float = 0.0
+    """Wall clock of the scorer calls, seconds."""
+    hybrid_verifications: int = 0
+    """Target forward passes that verified drafts through hybrid tree attention."""
+
+    def add(self, other: SpecExtendCounts) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    def is_empty(self) -> bool:
+        return not any(getattr(self, field.name) for field in dataclasses.fields(self))
+
+    def summary(self) -> dict[str, Any]:
+        """The counts with means per reduced draft step in place of the token sums."""
+        per_step = max(self.reduced_draft_steps, 1)
+        return {
+            "retrievals": self.retrievals,
+            "reduced_draft_steps": self.reduced_draft_steps,
+            "full_draft_steps": self.full_draft_steps,
+            "compact_draft_steps": self.compact_draft_steps,
+            "mean_kept_tokens": self.kept_tokens / per_step,
+            "mean_context_tokens": self.context_tokens / per_step,
+            "scorer_calls": self.scorer_calls,
+            "scorer_seconds": self.scorer_seconds,
+            "hybrid_verifications": self.hybrid_verifications,
+        }
+
+
 class RetrievalMetrics:
+    """One proposer's counts, on the host, and its recent selections.
+
+    The counts known on the host (retrievals, scorer calls, verifications) are added as
+    they happen. A draft step's counts are computed on the device and read at once: on GPU
+    one wait per draft step, after the proposer's own waits of that step (its `nonzero`),
+    for the few kernels queued since (the reduced block tables; on a step that selects,
+    the working copies, which the draft's forward would wait for anyway).
+    """
+
     def __init__(self, history: int = 256):
-        self.retrievals = 0
-        self.scorer_calls = 0
-        self.scorer_seconds = 0.0
-        self.hybrid_verifications = 0
-        # reduced draft steps, full draft steps, kept tokens, context tokens, reduced steps
-        # on compact positions: summed on the device so that recording never waits for it.
-        self._step_counters: torch.Tensor | None = None
+        self._reported = SpecExtendCounts()
+        self._new = SpecExtendCounts()
         self._selections: collections.deque[tuple[list[str], torch.Tensor, ...]] = (
             collections.deque(maxlen=history)
         )
@@ -46,8 +94,10 @@ class RetrievalMetrics:
         context_lens: torch.Tensor,
         seq_len_offset: torch.Tensor,
     ) -> None:
+        """active, compact: [num_reqs] bool, which requests draft on a reduced cache and which
+        of those on compact positions; context_lens, seq_len_offset: [num_reqs] tokens."""
         active_long = active.long()
-        step = torch.stack(
+        reduced, full, kept, context, compact_steps = torch.stack(
             [
                 active_long.sum(),
                 (1 - active_long).sum(),
@@ -55,17 +105,20 @@ class RetrievalMetrics:
                 (context_lens * active_long).sum(),
                 (compact & active).long().sum(),
             ]
-        )
-        if self._step_counters is None:
-            self._step_counters = torch.zeros_like(step)
-        self._step_counters += step
+        ).tolist()
+        new = self._new
+        new.reduced_draft_steps += reduced
+        new.full_draft_steps += full
+        new.kept_tokens += kept
+        new.context_tokens += context
+        new.compact_draft_steps += compact_steps
 
     def record_hybrid_verification(self) -> None:
-        self.hybrid_verifications += 1
+        self._new.hybrid_verifications += 1
 
     def record_scoring(self, seconds: float) -> None:
-        self.scorer_calls += 1
-        self.scorer_seconds += seconds
+        self._new.scorer_calls += 1
+        self._new.scorer_seconds += seconds
 
     def record_selection(
         self,
@@ -76,10 +129,25 @@ class RetrievalMetrics:
         kept_chunks: torch.Tensor,
         num_kept_chunks: torch.Tensor,
     ) -> None:
-        self.retrievals += rows.numel()
+        self._new.retrievals += rows.numel()
         self._selections.append(
             (request_ids, rows, context_lens, num_candidates, kept_chunks, num_kept_chunks)
         )
+
+    def take_new_counts(self) -> SpecExtendCounts | None:
+        """The counts since the last call, or None if there are none."""
+        new = self._new
+        if new.is_empty():
+            return None
+        self._reported.add(new)
+        self._new = SpecExtendCounts()
+        return new
+
+    def totals(self) -> SpecExtendCounts:
+        """The counts since the proposer started."""
+        totals = dataclasses.replace(self._reported)
+        totals.add(self._new)
+        return totals
 
     def selections(self) -> list[Selection]:
         """The recent selections, oldest first."""
@@ -92,32 +160,4 @@ class RetrievalMetrics:
         ]
 
     def summary(self) -> dict[str, Any]:
-        reduced, full, kept, context, compact = (
-            [0] * 5 if self._step_counters is None else self._step_counters.tolist()
-        )
-        return {
-            "retrievals": self.retrievals,
-            "reduced_draft_steps": reduced,
-            "full_draft_steps": full,
-            "compact_draft_steps": compact,
-            "mean_kept_tokens": kept / max(reduced, 1),
-            "mean_context_tokens": context / max(reduced, 1),
-            "scorer_calls": self.scorer_calls,
-            "scorer_seconds": self.scorer_seconds,
-            "hybrid_verifications": self.hybrid_verifications,
-        }
-
-
-class MetricsLogger:
-    """Logs a summary of the metrics at most every `interval_s` seconds."""
-
-    def __init__(self, log: Callable[[str], None], interval_s: float = LOG_INTERVAL_SECONDS):
-        self._log = log
-        self._interval_s = interval_s
-        self._last_log = time.monotonic()
-
-    def maybe_log(self, metrics: RetrievalMetrics) -> None:
-        now = time.monotonic()
-        if now - self._last_log >= self._interval_s:
-            self._last_log = now
-            self._log(f"SpecExtend: {metrics.summary()}")
+        return self.totals().summary()

@@ -29,7 +29,7 @@ from specextend_vllm.algorithm.selection import (
 )
 from specextend_vllm.algorithm.triggers import due_by_schedule, lost_attention_share
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
-from specextend_vllm.metrics import MetricsLogger, RetrievalMetrics
+from specextend_vllm.metrics import RetrievalMetrics
 from specextend_vllm.patches.attention import (
     AttentionLayerSeam,
     attention_layer_seam,
@@ -44,6 +44,7 @@ from specextend_vllm.verification import (
 )
 from specextend_vllm.vllm_access import layers, logger
 from specextend_vllm.vllm_access.attention import plain_attention_blockers
+from specextend_vllm.vllm_access.parallel import mean_over_tensor_parallel_ranks
 from specextend_vllm.vllm_access.config import (
     draft_trained_length,
     manager_block_size,
@@ -68,7 +69,6 @@ class SpecExtendProposer(DraftModelProposer):
         self.runner = runner
         self.method_config = SpecExtendConfig(**vllm_config.additional_config[METHOD_NAME])
         self.metrics = RetrievalMetrics()
-        self.metrics_logger = MetricsLogger(logger.info)
         self.retrieval_state: RetrievalState | None = None
         self.chunk_scorer: ChunkScorer | None = None
         self._reduced_view: ReducedDraftView | None = None
@@ -96,6 +96,7 @@ class SpecExtendProposer(DraftModelProposer):
             scale=layer.impl.scale,
             chunk_size=self.method_config.chunk_size,
             metrics=self.metrics,
+            mean_over_ranks=mean_over_tensor_parallel_ranks(),
         )
         self._prepare_verification_paths()
         self._route_verification(self.method_config)
@@ -193,6 +194,10 @@ class SpecExtendProposer(DraftModelProposer):
         )
         return RetrievalState(self.max_batch_size, max_kept_blocks, self.device)
 
+    def num_tracked_requests(self) -> int:
+        """Requests holding retrieval state: those running or preempted, never finished ones."""
+        return 0 if self.retrieval_state is None else len(self.retrieval_state)
+
     def on_requests_changed(self, finished: set[str], restarted: set[str]) -> None:
         if self.retrieval_state is not None:
             self.retrieval_state.free(list(finished))
@@ -231,7 +236,6 @@ class SpecExtendProposer(DraftModelProposer):
             )
         finally:
             self._reduced_view = None
-            self.metrics_logger.maybe_log(self.metrics)
 
     def build_per_group_and_layer_attn_metadata(
         self, common_attn_metadata: Any, draft_index: int = 0

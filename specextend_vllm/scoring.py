@@ -43,12 +43,14 @@ class ChunkScorer:
         scale: float,
         chunk_size: int,
         metrics: RetrievalMetrics,
+        mean_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.final_layer_query = final_layer_query
         self.key_cache_view = key_cache_view
         self.scale = scale
         self.chunk_size = chunk_size
         self.metrics = metrics
+        self.mean_over_ranks = mean_over_ranks
 
     def __call__(
         self,
@@ -58,7 +60,9 @@ class ChunkScorer:
         num_chunks: int,
     ) -> torch.Tensor:
         """token_rows: the target batch row of each request's last accepted token;
-        context_lens: tokens up to and including it. Returns [R, num_chunks] scores."""
+        context_lens: tokens up to and including it. Returns [R, num_chunks] scores, the
+        same on every tensor-parallel rank: each rank scores with its own query heads, and
+        the ranks' means are averaged."""
         start = time.perf_counter()
         scores = ops.chunk_scores(
             self.final_layer_query.rows(token_rows),
@@ -69,5 +73,7 @@ class ChunkScorer:
             self.scale,
             num_chunks,
         )
+        if self.mean_over_ranks is not None:
+            scores = self.mean_over_ranks(scores)
         self.metrics.record_scoring(time.perf_counter() - start)
         return scores

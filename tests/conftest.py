@@ -18,6 +18,7 @@ from tests.tiny_models import save_tiny_model
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real_models: uses the real Qwen2.5-Coder pair (built offline, minutes)")
     config.addinivalue_line("markers", "engine: starts a vLLM engine")
+    config.addinivalue_line("markers", "serving: starts `vllm serve` processes")
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 
@@ -63,3 +64,40 @@ class VllmPatch:
     @classmethod
     def new_attribute(cls) -> Any:
         return cls.replacement
+
+
+class VllmDataclassField(VllmPatch):
+    """Adds an optional field, None by default, to one of vLLM's dataclasses, so that it
+    travels wherever vLLM sends the object: pickled between processes, and through msgspec
+    (engine core -> front end), which encodes and decodes the fields the dataclass declares.
+    It is not an `__init__` argument, so vLLM's constructors and `dataclasses.replace` leave
+    it None. Applied before msgspec first decodes the class (plugin load), as msgspec keeps
+    the fields it saw then."""
+
+    adds = True
+    field_type: ClassVar[Any]
+
+    @classmethod
+    def check_target(cls) -> None:
+        if not dataclasses.is_dataclass(cls.target):
+            raise PatchTargetMissing(
+                f"specextend-vllm: patch {cls.__name__} needs "
+                f"{cls.target.__module__}.{cls.target.__qualname__} to be a dataclass."
+            )
+        super().check_target()
+
+    @classmethod
+    def new_attribute(cls) -> None:
+        return None
+
+    @classmethod
+    def apply(cls) -> None:
+        if cls.is_applied():
+            return
+        super().apply()
+        declared = dataclasses.make_dataclass(
+            cls.__name__,
+            [(cls.attribute, cls.field_type, dataclasses.field(default=None, init=False))],
+        )
+        cls.target.__dataclass_fields__[cls.attribute] = dataclasses.fields(declared)[0]
+        cls.target.__annotations__[cls.attribute] = cls.field_type

@@ -9,7 +9,7 @@ from vllm.config import VllmConfig
 from vllm.config.speculative import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 
-from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
+from specextend_vllm.config import METHOD_NAME, SpecExtendConfig, SpecExtendConfigError
 from specextend_vllm.patches.base import VllmPatch
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import (
@@ -35,6 +35,12 @@ class SpeculativeConfigFromDict(VllmPatch):
         method_config, vllm_keys = SpecExtendConfig.split_speculative_config(
             user_config, VLLM_SPECULATIVE_KEYS
         )
+        if self.pipeline_parallel_size > 1:
+            raise SpecExtendConfigError(
+                f"pipeline_parallel_size must be 1 with method '{METHOD_NAME}', got "
+                f"{self.pipeline_parallel_size}: the draft's chunk selection reads the target's "
+                "final attention layer on the rank that drafts. Use tensor_parallel_size."
+            )
         self.speculative_config = vllm_keys
         try:
             speculative_config = original(self, *args, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.platforms import current_platform
 
-from specextend_vllm.patches import config, metrics, runner, sampler, scheduler
+from specextend_vllm.patches import config, entrypoints, metrics, runner, sampler, scheduler
 from specextend_vllm.patches.base import VllmPatch
 from specextend_vllm.profiling import step_timings_enabled
 
@@ -12,12 +12,18 @@ PATCHES: tuple[type[VllmPatch], ...] = (
     config.SpeculativeConfigFromDict,
     config.EngineConfigCarriesSpecExtend,
     config.V1ModelRunnerForSpecExtend,
+    entrypoints.ServeReportsConfigErrors,
     runner.ProposerForSpecExtend,
     runner.RequestLifecycle,
     runner.DraftsPastTrainedLength,
     runner.WorkerReconfiguresSpecExtend,
     scheduler.SchedulerLeavesWorkingCopyBlocks,
     metrics.WorkerReportsRetrievalStats,
+    metrics.RunnerOutputCarriesCounts,
+    metrics.SchedulerStatsCarryCounts,
+    metrics.RunnerSendsNewCounts,
+    metrics.SchedulerForwardsNewCounts,
+    metrics.OfflineEngineLogsSpecExtendStats,
 )
 
 STEP_TIMING_PATCHES: tuple[type[VllmPatch], ...] = (

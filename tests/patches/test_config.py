@@ -91,6 +91,15 @@ def test_bad_config_is_rejected(
         build_engine_config(tiny_models["target"], config)
 
 
+def test_pipeline_parallelism_is_refused(tiny_models: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"pipeline_parallel_size must be 1 with method 'specextend'"):
+        build_engine_config(
+            tiny_models["target"],
+            specextend_config(tiny_models["draft_noisy"]),
+            pipeline_parallel_size=2,
+        )
+
+
 def test_draft_with_another_vocabulary_is_rejected(
     tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:

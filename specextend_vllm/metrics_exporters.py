@@ -1,0 +1,104 @@
+"""The method's counts as vLLM's front end exports them: Prometheus counters next to vLLM's
+`vllm:spec_decode_*`, and a line in vLLM's periodic stats log. Both take one engine step's
+new counts at a time; `patches.metrics.SpecExtendStatLogger` feeds them from vLLM's stats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import prometheus_client
+
+from specextend_vllm.metrics import SpecExtendCounts
+
+# SpecExtendCounts field -> counter name and help; the exposition appends `_total`.
+PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
+    "retrievals": (
+        "vllm:specextend_retrievals",
+        "Chunk selections of SpecExtend, one per request that selects.",
+    ),
+    "reduced_draft_steps": (
+        "vllm:specextend_reduced_draft_steps",
+        "Request draft steps on a reduced cache (kept chunks and the newest tokens).",
+    ),
+    "compact_draft_steps": (
+        "vllm:specextend_compact_draft_steps",
+        "Request draft steps on a reduced cache with compact positions.",
+    ),
+    "full_draft_steps": (
+        "vllm:specextend_full_draft_steps",
+        "Request draft steps on the full cache.",
+    ),
+    "kept_tokens": (
+        "vllm:specextend_kept_tokens",
+        "Tokens the draft attends to, summed over reduced draft steps.",
+    ),
+    "context_tokens": (
+        "vllm:specextend_context_tokens",
+        "Context tokens of the requests, summed over reduced draft steps.",
+    ),
+    "scorer_calls": (
+        "vllm:specextend_scorer_calls",
+        "Calls of the chunk scorer (one per batch of selecting requests).",
+    ),
+    "scorer_seconds": (
+        "vllm:specextend_scorer_seconds",
+        "Wall-clock seconds spent in the chunk scorer.",
+    ),
+    "hybrid_verifications": (
+        "vllm:specextend_hybrid_verifications",
+        "Target forward passes that verified drafts through hybrid tree attention.",
+    ),
+}
+
+
+class SpecExtendProm:
+    """One Prometheus counter per count, with vLLM's labels, in prometheus_client's
+    default registry (the one vLLM's `/metrics` and `LLM.get_metrics()` read)."""
+
+    def __init__(self, labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]):
+        self._per_engine: dict[str, dict[int, prometheus_client.Counter]] = {}
+        for field, (name, documentation) in PROMETHEUS_COUNTERS.items():
+            counter = prometheus_client.Counter(
+                name=name, documentation=documentation, labelnames=labelnames
+            )
+            self._per_engine[field] = {
+                engine: counter.labels(*values) for engine, values in per_engine_labelvalues.items()
+            }
+
+    def observe(self, counts: SpecExtendCounts, engine_idx: int) -> None:
+        for field, per_engine in self._per_engine.items():
+            value = getattr(counts, field)
+            if value:
+                per_engine[engine_idx].inc(value)
+
+
+class SpecExtendLogging:
+    """Sums each engine's counts between two log lines; an engine that did no work since
+    the last line gets none."""
+
+    def __init__(self) -> None:
+        self._since_last_log: dict[int, SpecExtendCounts] = {}
+
+    def observe(self, counts: SpecExtendCounts, engine_idx: int) -> None:
+        self._since_last_log.setdefault(engine_idx, SpecExtendCounts()).add(counts)
+
+    def log(self, log_fn: Callable[..., None]) -> None:
+        for engine_idx, counts in sorted(self._since_last_log.items()):
+            summary = counts.summary()
+            log_fn(
+                "Engine %03d: SpecExtend metrics: Retrievals: %d, Reduced draft steps: %d "
+                "(compact positions: %d), Full draft steps: %d, Mean kept tokens: %.1f of "
+                "%.1f context tokens, Scorer: %d calls, %.3f s, Hybrid verifications: %d",
+                engine_idx,
+                counts.retrievals,
+                counts.reduced_draft_steps,
+                counts.compact_draft_steps,
+                counts.full_draft_steps,
+                summary["mean_kept_tokens"],
+                summary["mean_context_tokens"],
+                counts.scorer_calls,
+                counts.scorer_seconds,
+                counts.hybrid_verifications,
+            )
+        self._since_last_log.clear()

@@ -1,0 +1,103 @@
+"""The method's counts reach vLLM's front end: Prometheus counters `vllm:specextend_*` next
+to vLLM's `vllm:spec_decode_*` (read by `LLM.get_metrics()`, served on `/metrics`) and a line
+in vLLM's periodic stats log, equal to the worker's own totals (`retrieval_stats`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from specextend_vllm import retrieval_stats
+from specextend_vllm.metrics_exporters import PROMETHEUS_COUNTERS
+from specextend_vllm.patches import metrics as metrics_patches
+from tests.harness import generate_ids, on_engine, random_prompts, specextend_config
+
+pytestmark = pytest.mark.engine
+
+# One request below the activation length (full draft steps), two above it.
+PROMPT_LENGTHS = [40, 300, 520]
+MAX_TOKENS = 16
+
+
+class LogLines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str, *args: object) -> None:
+        self.lines.append(message % args)
+
+
+@pytest.fixture(scope="module")
+def front_end(tiny_models: dict[str, Path]) -> dict[str, Any]:
+    """One engine's Prometheus samples, vLLM's spec-decode ones, the worker's totals and the
+    method's log lines (those vLLM logged while it ran, and one more at the end)."""
+    log = LogLines()
+
+    def run(llm: Any) -> dict[str, Any]:
+        generate_ids(llm, random_prompts(PROMPT_LENGTHS), MAX_TOKENS)
+        llm.llm_engine.do_log_stats()
+        samples = llm.get_metrics()
+        specextend = {m.name: m for m in samples if m.name.startswith("vllm:specextend_")}
+        labels = specextend["vllm:specextend_scorer_seconds"].labels
+        return {
+            "specextend": specextend,
+            "scorer_seconds": REGISTRY.get_sample_value(
+                "vllm:specextend_scorer_seconds_total", labels
+            ),
+            "spec_decode": {
+                m.name: m for m in samples if m.name.startswith("vllm:spec_decode_num_drafts")
+            },
+            "stats": retrieval_stats(llm)[0],
+        }
+
+    config = specextend_config(tiny_models["draft_noisy"], positions="compact")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(metrics_patches, "logger", log)
+        result = on_engine(tiny_models["target"], config, run)
+    return {**result, "log": log.lines}
+
+
+def test_every_counter_reaches_the_front_end_next_to_vllms(front_end: dict[str, Any]) -> None:
+    specextend = front_end["specextend"]
+    assert sorted(specextend) == sorted(name for name, _ in PROMETHEUS_COUNTERS.values())
+    counts = {name: metric.value for name, metric in specextend.items()}
+    assert all(counts[name] > 0 for name in counts if "seconds" not in name), counts
+    assert front_end["scorer_seconds"] > 0
+    [num_drafts] = front_end["spec_decode"].values()
+    assert num_drafts.value > 0
+    assert all(metric.labels == num_drafts.labels for metric in specextend.values())
+
+
+def test_the_front_end_counts_equal_the_workers_totals(front_end: dict[str, Any]) -> None:
+    value = {name: front_end["specextend"][name].value for name, _ in PROMETHEUS_COUNTERS.values()}
+    stats = front_end["stats"]
+    for count in (
+        "retrievals",
+        "reduced_draft_steps",
+        "compact_draft_steps",
+        "full_draft_steps",
+        "scorer_calls",
+        "hybrid_verifications",
+    ):
+        assert value[f"vllm:specextend_{count}"] == stats[count], count
+    reduced = stats["reduced_draft_steps"]
+    assert value["vllm:specextend_kept_tokens"] == pytest.approx(
+        stats["mean_kept_tokens"] * reduced
+    )
+    assert value["vllm:specextend_context_tokens"] == pytest.approx(
+        stats["mean_context_tokens"] * reduced
+    )
+    # `LLM.get_metrics()` reads counters as whole numbers; `/metrics` serves the float.
+    assert value["vllm:specextend_scorer_seconds"] == int(stats["scorer_seconds"])
+    assert front_end["scorer_seconds"] == pytest.approx(stats["scorer_seconds"])
+
+
+def test_the_periodic_log_lines_add_up_to_the_totals(front_end: dict[str, Any]) -> None:
+    lines = [line for line in front_end["log"] if "SpecExtend metrics" in line]
+    assert lines and all(line.startswith("Engine 000: SpecExtend metrics: ") for line in lines)
+    logged = sum(int(re.search(r"Retrievals: (\d+)", line).group(1)) for line in lines)
+    assert logged == front_end["stats"]["retrievals"]

@@ -1,0 +1,155 @@
+"""A step's counts on their way to vLLM's front end: from the worker's step output, through
+the scheduler's stats and their transports, to the stat logger's Prometheus counters."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.metrics.prometheus import unregister_vllm_metrics
+from vllm.v1.metrics.reader import get_metrics_snapshot
+from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+from specextend_vllm import register
+from specextend_vllm.metrics import RetrievalMetrics, SpecExtendCounts
+from specextend_vllm.metrics_exporters import PROMETHEUS_COUNTERS
+from specextend_vllm.patches.metrics import (
+    RunnerSendsNewCounts,
+    SchedulerForwardsNewCounts,
+    SpecExtendStatLogger,
+)
+
+STEP = SpecExtendCounts(retrievals=2, reduced_draft_steps=3, kept_tokens=300, scorer_seconds=0.5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def plugin_registered() -> None:
+    """The carriers' fields exist once the plugin is registered (before msgspec first
+    decodes vLLM's outputs, as at vLLM's start)."""
+    register()
+
+
+def runner_output() -> ModelRunnerOutput:
+    return ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})
+
+
+def scheduler_stats(counts: SpecExtendCounts | None) -> SchedulerStats:
+    stats = SchedulerStats()
+    stats.specextend_counts = counts
+    return stats
+
+
+def test_the_carriers_default_to_no_counts() -> None:
+    assert runner_output().specextend_counts is None
+    assert SchedulerStats().specextend_counts is None
+
+
+def test_a_steps_counts_survive_pickling_from_a_worker_process() -> None:
+    output = runner_output()
+    output.specextend_counts = STEP
+    assert pickle.loads(pickle.dumps(output)).specextend_counts == STEP
+
+
+def test_a_steps_counts_survive_msgspec_from_the_engine_core_to_the_front_end() -> None:
+    encoded = MsgpackEncoder().encode(EngineCoreOutputs(scheduler_stats=scheduler_stats(STEP)))
+    decoded = MsgpackDecoder(EngineCoreOutputs).decode(encoded)
+    assert decoded.scheduler_stats.specextend_counts == STEP
+
+
+class FinishedAsyncOutput(AsyncModelRunnerOutput):
+    def get_output(self) -> ModelRunnerOutput:
+        return runner_output()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_runner_sends_the_counts_since_its_last_step(
+    monkeypatch: pytest.MonkeyPatch, asynchronous: bool
+) -> None:
+    def sample_tokens(runner: Any, grammar_output: Any) -> Any:
+        return FinishedAsyncOutput() if asynchronous else runner_output()
+
+    def step_output(runner: Any) -> ModelRunnerOutput:
+        output = RunnerSendsNewCounts.replacement(runner, None)
+        return output.get_output() if asynchronous else output
+
+    monkeypatch.setattr(RunnerSendsNewCounts, "original", sample_tokens)
+    metrics = RetrievalMetrics()
+    runner = SimpleNamespace(drafter=SimpleNamespace(metrics=metrics))
+    metrics.record_scoring(0.5)
+    assert step_output(runner).specextend_counts == SpecExtendCounts(
+        scorer_calls=1, scorer_seconds=0.5
+    )
+    assert step_output(runner).specextend_counts is None
+    assert step_output(SimpleNamespace()).specextend_counts is None  # no speculation
+
+
+def test_the_scheduler_puts_a_steps_counts_into_that_steps_stats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def update_from_output(scheduler: Any, *args: Any) -> dict[int, EngineCoreOutputs]:
+        return {0: EngineCoreOutputs(), 1: EngineCoreOutputs(scheduler_stats=SchedulerStats())}
+
+    monkeypatch.setattr(SchedulerForwardsNewCounts, "original", update_from_output)
+    output = runner_output()
+    output.specextend_counts = STEP
+    outputs = SchedulerForwardsNewCounts.replacement(None, None, output)
+    assert outputs[0].scheduler_stats is None
+    assert outputs[1].scheduler_stats.specextend_counts == STEP
+
+
+def engine_config(runs_specextend: bool) -> Any:
+    return SimpleNamespace(
+        additional_config={"specextend": {}} if runs_specextend else {},
+        model_config=SimpleNamespace(served_model_name="tiny"),
+    )
+
+
+@pytest.fixture
+def prometheus_registry() -> Iterator[None]:
+    unregister_vllm_metrics()
+    yield
+    unregister_vllm_metrics()
+
+
+def specextend_samples() -> dict[tuple[str, str], float]:
+    """(name, engine label) -> value of the `vllm:specextend_*` counters, as
+    `LLM.get_metrics()` reads them."""
+    return {
+        (metric.name, metric.labels["engine"]): metric.value
+        for metric in get_metrics_snapshot()
+        if metric.name.startswith("vllm:specextend_")
+    }
+
+
+def test_the_stat_logger_counts_each_engines_steps(prometheus_registry: None) -> None:
+    stat_logger = SpecExtendStatLogger(engine_config(True), engine_indexes=[0, 1])
+    stat_logger.log_engine_initialized()
+    assert set(specextend_samples().values()) == {0}
+    assert len(specextend_samples()) == 2 * len(PROMETHEUS_COUNTERS)
+    stat_logger.record(scheduler_stats(STEP), None, engine_idx=1)
+    stat_logger.record(scheduler_stats(STEP), None, engine_idx=1)
+    stat_logger.record(scheduler_stats(None), None, engine_idx=0)
+    stat_logger.record(None, None, engine_idx=0)
+    samples = specextend_samples()
+    assert samples[("vllm:specextend_retrievals", "1")] == 4
+    assert samples[("vllm:specextend_reduced_draft_steps", "1")] == 6
+    assert samples[("vllm:specextend_kept_tokens", "1")] == 600
+    assert samples[("vllm:specextend_scorer_seconds", "1")] == 1.0
+    assert samples[("vllm:specextend_retrievals", "0")] == 0
+
+
+def test_the_stat_logger_does_nothing_for_an_engine_without_the_method(
+    prometheus_registry: None,
+) -> None:
+    stat_logger = SpecExtendStatLogger(engine_config(False), engine_indexes=[0])
+    stat_logger.log_engine_initialized()
+    stat_logger.record(scheduler_stats(STEP), None)
+    stat_logger.log()
+    assert specextend_samples() == {}

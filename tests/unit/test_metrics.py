@@ -1,0 +1,86 @@
+"""The method's counts (what a step adds, what it reports) and the log line of them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specextend_vllm.metrics import RetrievalMetrics, SpecExtendCounts
+from specextend_vllm.metrics_exporters import PROMETHEUS_COUNTERS, SpecExtendLogging
+
+
+def draft_step(metrics: RetrievalMetrics) -> None:
+    """Three requests: two draft on reduced caches (one of them on compact positions)."""
+    metrics.record_draft_step(
+        active=torch.tensor([True, False, True]),
+        compact=torch.tensor([True, True, False]),
+        context_lens=torch.tensor([500, 60, 300]),
+        seq_len_offset=torch.tensor([400, 0, 160]),
+    )
+
+
+def test_a_draft_step_counts_requests_and_the_tokens_of_the_reduced_ones() -> None:
+    metrics = RetrievalMetrics()
+    draft_step(metrics)
+    counts = metrics.take_new_counts()
+    assert counts == SpecExtendCounts(
+        reduced_draft_steps=2,
+        compact_draft_steps=1,
+        full_draft_steps=1,
+        kept_tokens=100 + 140,
+        context_tokens=500 + 300,
+    )
+    assert metrics.summary()["mean_kept_tokens"] == 120
+
+
+def test_each_report_holds_the_counts_since_the_last_and_the_totals_hold_all() -> None:
+    metrics = RetrievalMetrics()
+    assert metrics.take_new_counts() is None
+    metrics.record_scoring(0.5)
+    metrics.record_hybrid_verification()
+    first = metrics.take_new_counts()
+    assert first == SpecExtendCounts(scorer_calls=1, scorer_seconds=0.5, hybrid_verifications=1)
+    assert metrics.take_new_counts() is None
+    draft_step(metrics)
+    metrics.record_scoring(0.25)
+    second = metrics.take_new_counts()
+    assert second is not None and second.scorer_calls == 1 and second.reduced_draft_steps == 2
+    draft_step(metrics)  # not reported yet, but in the totals
+    totals = metrics.totals()
+    assert (totals.scorer_calls, totals.scorer_seconds) == (2, 0.75)
+    assert totals.reduced_draft_steps == 4 and totals.hybrid_verifications == 1
+    assert metrics.summary() == totals.summary()
+
+
+def test_every_count_has_a_prometheus_counter() -> None:
+    assert list(PROMETHEUS_COUNTERS) == [f.name for f in dataclasses.fields(SpecExtendCounts)]
+    names = [name for name, _ in PROMETHEUS_COUNTERS.values()]
+    assert all(name.startswith("vllm:specextend_") for name in names)
+    assert not any(name.endswith("_total") for name in names)  # prometheus_client adds it
+
+
+def test_the_log_line_sums_each_engines_counts_since_the_last_line() -> None:
+    logging = SpecExtendLogging()
+    lines: list[str] = []
+
+    def log_fn(message: str, *args: object) -> None:
+        lines.append(message % args)
+
+    logging.log(log_fn)
+    assert lines == []
+    step = SpecExtendCounts(
+        retrievals=1, reduced_draft_steps=2, kept_tokens=200, context_tokens=900
+    )
+    logging.observe(step, engine_idx=1)
+    logging.observe(step, engine_idx=1)
+    logging.observe(SpecExtendCounts(full_draft_steps=3), engine_idx=0)
+    logging.log(log_fn)
+    assert lines[0].startswith("Engine 000: SpecExtend metrics: Retrievals: 0,")
+    assert lines[1] == (
+        "Engine 001: SpecExtend metrics: Retrievals: 2, Reduced draft steps: 4 (compact "
+        "positions: 0), Full draft steps: 0, Mean kept tokens: 100.0 of 450.0 context tokens, "
+        "Scorer: 0 calls, 0.000 s, Hybrid verifications: 0"
+    )
+    logging.log(log_fn)
+    assert len(lines) == 2
