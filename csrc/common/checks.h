@@ -21,6 +21,15 @@ inline bool is_supported_float(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
 }
 
+// An int32 index tensor of `dims` dimensions, e.g. "chunk_scores: block_table
+// must be a 2-D int32 tensor, got [3] Long".
+inline void check_int32_tensor(const at::Tensor& tensor, int64_t dims,
+                               const char* op, const char* name) {
+  TORCH_CHECK(tensor.dim() == dims && tensor.scalar_type() == at::kInt, op,
+              ": ", name, " must be a ", dims, "-D int32 tensor, got ",
+              tensor.sizes(), " ", tensor.scalar_type());
+}
+
 // Everything about the arguments of chunk_scores that is known without reading
 // device memory; context lengths and block ids are the caller's to check.
 inline ChunkScoresShape check_chunk_scores_inputs(
@@ -35,12 +44,8 @@ inline ChunkScoresShape check_chunk_scores_inputs(
               "chunk_scores: key_cache must be a [num_blocks, block_size, "
               "num_kv_heads, head_dim] view, got ",
               key_cache.sizes());
-  TORCH_CHECK(block_table.dim() == 2 && block_table.scalar_type() == at::kInt,
-              "chunk_scores: block_table must be a 2-D int32 tensor, got ",
-              block_table.sizes(), " ", block_table.scalar_type());
-  TORCH_CHECK(context_lens.dim() == 1 && context_lens.scalar_type() == at::kInt,
-              "chunk_scores: context_lens must be a 1-D int32 tensor, got ",
-              context_lens.sizes(), " ", context_lens.scalar_type());
+  check_int32_tensor(block_table, 2, "chunk_scores", "block_table");
+  check_int32_tensor(context_lens, 1, "chunk_scores", "context_lens");
   TORCH_CHECK(is_supported_float(query.scalar_type()) &&
                   is_supported_float(key_cache.scalar_type()),
               "chunk_scores: query and key_cache must be float32, float16 or "
@@ -108,19 +113,10 @@ inline PagedPrefixAttentionShape check_paged_prefix_attention_inputs(
               "paged_prefix_attention: value_cache must have the shape of "
               "key_cache, ",
               key_cache.sizes(), ", got ", value_cache.sizes());
-  TORCH_CHECK(block_table.dim() == 2 && block_table.scalar_type() == at::kInt,
-              "paged_prefix_attention: block_table must be a 2-D int32 "
-              "tensor, got ",
-              block_table.sizes(), " ", block_table.scalar_type());
-  TORCH_CHECK(prefix_lens.dim() == 1 && prefix_lens.scalar_type() == at::kInt,
-              "paged_prefix_attention: prefix_lens must be a 1-D int32 "
-              "tensor, got ",
-              prefix_lens.sizes(), " ", prefix_lens.scalar_type());
-  TORCH_CHECK(query_start_loc.dim() == 1 &&
-                  query_start_loc.scalar_type() == at::kInt,
-              "paged_prefix_attention: query_start_loc must be a 1-D int32 "
-              "tensor, got ",
-              query_start_loc.sizes(), " ", query_start_loc.scalar_type());
+  check_int32_tensor(block_table, 2, "paged_prefix_attention", "block_table");
+  check_int32_tensor(prefix_lens, 1, "paged_prefix_attention", "prefix_lens");
+  check_int32_tensor(query_start_loc, 1, "paged_prefix_attention",
+                     "query_start_loc");
   TORCH_CHECK(is_supported_float(query.scalar_type()) &&
                   is_supported_float(key_cache.scalar_type()),
               "paged_prefix_attention: query and key_cache must be float32, "
