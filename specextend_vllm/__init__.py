@@ -42,8 +42,10 @@ def retrieval_stats(llm: Any) -> list[dict[str, Any]]:
 
 
 def reconfigure(llm: Any, **changes: Any) -> list[dict[str, Any]]:
-    """Changes the method's keys (all but `chunk_size`) on a running engine, for example
-    `reconfigure(llm, policy="streaming")`; returns the new config of each worker."""
+    """Changes the method's keys on a running engine, for example
+    `reconfigure(llm, policy="streaming")`; returns the new config of each worker. Keys
+    that need working copies (compact positions, chunks smaller than a KV block) need an
+    engine that started with them."""
     return llm.collective_rpc("specextend_reconfigure", args=(changes,))
 
 

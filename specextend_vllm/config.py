@@ -40,9 +40,10 @@ class SpecExtendConfigError(ValueError):
 class SpecExtendConfig:
     """What `specextend` adds to vLLM's `speculative_config`.
 
-    chunk_size: tokens per retrieval chunk; a multiple of the KV cache block size.
-        None means one KV block.
-    token_budget: tokens of selected chunks the draft attends to, besides the newest tokens.
+    chunk_size: tokens per retrieval chunk; a divisor or a multiple of the KV cache block
+        size. Chunks smaller than a block are packed side by side into a working copy.
+    token_budget: tokens of selected chunks the draft attends to, besides the newest
+        tokens; rounded down to whole KV blocks (and whole chunks).
     retrieval_interval: draft steps between two selections of chunks for a request.
     activation_length: context length from which a request drafts on a reduced cache;
         shorter requests draft on the full cache.
@@ -65,7 +66,7 @@ class SpecExtendConfig:
         causally at full speed.
     """
 
-    chunk_size: int | None = None
+    chunk_size: int = 32
     token_budget: int = 1024
     retrieval_interval: int = 4
     activation_length: int = 2048
@@ -84,8 +85,6 @@ class SpecExtendConfig:
                         f"speculative_config['{field.name}'] must be one of {list(allowed)}, "
                         f"got {value!r}."
                     )
-                continue
-            if value is None and field.name == "chunk_size":
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecExtendConfigError(
@@ -148,21 +147,22 @@ class SpecExtendConfig:
         vllm_config["method"] = "draft_model"
         return method_config, vllm_config
 
-    def resolve_chunk_size(self, block_size: int) -> SpecExtendConfig:
-        """Fixes the chunk size against the KV cache block size, known once vLLM's
-        cache config is final."""
-        chunk_size = block_size if self.chunk_size is None else self.chunk_size
-        if chunk_size % block_size:
+    def check_block_size(self, block_size: int) -> SpecExtendConfig:
+        """Checks the chunk size and the budget against the KV cache block size, known once
+        vLLM's cache config is final."""
+        chunk_size = self.chunk_size
+        if block_size % chunk_size and chunk_size % block_size:
             raise SpecExtendConfigError(
-                f"speculative_config['chunk_size'] must be a multiple of the KV cache "
-                f"block size ({block_size}), got {chunk_size}."
+                f"speculative_config['chunk_size'] must divide the KV cache block size "
+                f"({block_size}) or be a multiple of it, got {chunk_size}."
             )
-        if self.token_budget < chunk_size:
+        granularity = max(chunk_size, block_size)
+        if self.token_budget < granularity:
             raise SpecExtendConfigError(
-                f"speculative_config['token_budget'] must be >= the chunk size "
-                f"({chunk_size}), got {self.token_budget}."
+                f"speculative_config['token_budget'] must be >= {granularity} (the larger of "
+                f"the chunk size and the KV cache block size), got {self.token_budget}."
             )
-        return dataclasses.replace(self, chunk_size=chunk_size)
+        return self
 
     def check_draft_trained_length(self, trained_length: int) -> None:
         """With compact positions, a request past the draft's trained length must draft on
@@ -191,15 +191,25 @@ class SpecExtendConfig:
     def uses_compact_positions(self) -> bool:
         return self.policy != "full" and self.positions != "absolute"
 
-    @property
-    def max_kept_tokens(self) -> int:
-        assert self.chunk_size is not None, "resolve_chunk_size() first"
-        return self.num_kept_chunks * self.chunk_size
+    def uses_working_copies(self, block_size: int) -> bool:
+        """Whether the draft reads its kept chunks from working copies: on compact
+        positions, or when chunks are smaller than a KV block."""
+        return self.policy != "full" and (
+            self.positions != "absolute" or self.chunk_size % block_size != 0
+        )
 
-    @property
-    def num_kept_chunks(self) -> int:
-        assert self.chunk_size is not None, "resolve_chunk_size() first"
-        return self.token_budget // self.chunk_size
+    def max_kept_tokens(self, block_size: int) -> int:
+        """The budget in whole blocks and whole chunks, so kept tokens end where a block
+        of newest tokens starts.
+
+        >>> SpecExtendConfig(chunk_size=32, token_budget=1000).max_kept_tokens(128)
+        896
+        """
+        granularity = max(self.chunk_size, block_size)
+        return self.token_budget // granularity * granularity
+
+    def num_kept_chunks(self, block_size: int) -> int:
+        return self.max_kept_tokens(block_size) // self.chunk_size
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,8 +1,8 @@
 """The two paged KV cache layouts the method reads and writes, as plain torch views.
 
 Pure torch, no vLLM. Every helper returns views in one logical layout,
-[num_blocks, block_size, kv_heads, head_dim] for keys and block-first for whole blocks,
-so the code above it never branches on the device:
+[num_blocks, block_size, kv_heads, head_dim], so the code above it never branches on the
+device:
 
 - vLLM's CPU attention ("vec" ISA: float32/float16 caches on x86 without AMX):
   [num_blocks, kv_heads, block_size, 2 * head_dim]; each (block, head) slab holds its
@@ -80,20 +80,3 @@ def value_cache_view(raw_cache: torch.Tensor) -> torch.Tensor:
     if is_flash_attn_layout(raw_cache):
         return raw_cache[1]
     return cpu_vec_value_cache_view(raw_cache)
-
-
-def block_first_view(raw_cache: torch.Tensor) -> torch.Tensor:
-    """Either layout with the block index first, keys and values together: indexing
-    dimension 0 selects whole blocks, so `view[dst] = view[src]` copies blocks.
-
-    >>> raw = torch.zeros(2, 5, 4, 1, 8)  # FlashAttention: 5 blocks
-    >>> block_first_view(raw).shape
-    torch.Size([5, 2, 4, 1, 8])
-    """
-    return raw_cache.transpose(0, 1) if is_flash_attn_layout(raw_cache) else raw_cache
-
-
-def copy_blocks(raw_cache: torch.Tensor, sources: torch.Tensor, destinations: torch.Tensor) -> None:
-    """Copies whole blocks (keys and values) `sources[i]` -> `destinations[i]` in place."""
-    blocks = block_first_view(raw_cache)
-    blocks[destinations] = blocks[sources]

@@ -17,8 +17,9 @@ from specextend_vllm.algorithm.draft_step import DraftStep
 from specextend_vllm.algorithm.positions import (
     DraftRotation,
     WorkingCopies,
-    copy_rotated_blocks,
-    kept_block_shifts,
+    copy_kept_tokens,
+    packed_chunk_tokens,
+    packed_copy_slots,
 )
 from specextend_vllm.algorithm.retrieval_state import RetrievalState
 from specextend_vllm.algorithm.selection import (
@@ -56,11 +57,14 @@ from specextend_vllm.vllm_access.runner import DraftModelProposer, request_ids
 @dataclasses.dataclass
 class ReducedDraftView:
     """What the draft attends to in one propose() call: a block table holding the kept
-    blocks (or their compact working copies) then the tail blocks, and how many tokens
-    shorter each reduced sequence is."""
+    blocks (or the working copy of the kept chunks) then the tail blocks, and how many
+    tokens shorter each reduced sequence is. The first pass, which writes the draft's KV
+    of the target's tokens, attends to the full cache for prompts: `first_pass_*`."""
 
     block_table: torch.Tensor
     seq_len_offset: torch.Tensor
+    first_pass_block_table: torch.Tensor
+    first_pass_seq_len_offset: torch.Tensor
 
 
 class SpecExtendProposer(DraftModelProposer):
@@ -143,12 +147,7 @@ class SpecExtendProposer(DraftModelProposer):
 
     def initialize_attn_backend(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         super().initialize_attn_backend(kv_cache_config, *args, **kwargs)
-        chunk_size = self.method_config.chunk_size
-        if chunk_size % self.block_size:
-            raise ValueError(
-                f"speculative_config['chunk_size'] ({chunk_size}) must be a multiple "
-                f"of the attention kernel's block size ({self.block_size})."
-            )
+        self.method_config.check_block_size(self.block_size)
         reserved = working_copy_manager_blocks(self.vllm_config, kv_cache_config)
         kernel_blocks_per_manager_block = manager_block_size(kv_cache_config) // self.block_size
         self._working_copy_region = (
@@ -160,39 +159,40 @@ class SpecExtendProposer(DraftModelProposer):
     def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
         """Replaces some of the method's keys on a running engine, for example to compare
         policies on one prefill; every request selects its chunks afresh at its next step."""
-        allowed = set(SpecExtendConfig.keys()) - {"chunk_size"}
-        unknown = sorted(set(changes) - allowed)
+        unknown = sorted(set(changes) - set(SpecExtendConfig.keys()))
         if unknown:
             raise ValueError(
-                f"cannot reconfigure {unknown} on a running engine; allowed keys: {sorted(allowed)}."
+                f"cannot reconfigure {unknown}: not keys of method '{METHOD_NAME}'; its keys "
+                f"are {sorted(SpecExtendConfig.keys())}."
             )
-        config = dataclasses.replace(self.method_config, **changes).resolve_chunk_size(
+        config = dataclasses.replace(self.method_config, **changes).check_block_size(
             self.block_size
         )
         config.check_draft_trained_length(self.trained_length)
-        if (
-            config.positions == "compact"
-            and config.uses_compact_positions()
-            and not self._working_copy_region[1]
-        ):
+        if config.uses_working_copies(self.block_size) and not self._working_copy_region[1]:
             raise ValueError(
-                "cannot switch to positions 'compact': the engine started with positions "
-                "'absolute' or policy 'full' and set no KV cache blocks aside for working copies."
+                f"cannot reconfigure to {config.to_dict()}: it drafts on working copies, and "
+                "the engine started with positions 'absolute' and whole-block chunks, or "
+                "policy 'full', so it set no KV cache blocks aside for them."
             )
         self._route_verification(config)
         self.method_config = config
+        assert self.chunk_scorer is not None
+        self.chunk_scorer.chunk_size = config.chunk_size
         self.retrieval_state = self._new_retrieval_state()
         logger.info("SpecExtend reconfigured: %s", self.method_config.to_dict())
         return self.method_config
 
     def _new_retrieval_state(self) -> RetrievalState:
         config = self.method_config
-        assert config.chunk_size is not None
-        max_kept_blocks = config.max_kept_tokens // self.block_size
         self.working_copies = WorkingCopies(
-            *self._working_copy_region, max_kept_blocks, self.device
+            *self._working_copy_region,
+            config.max_kept_tokens(self.block_size) // self.block_size,
+            self.device,
         )
-        return RetrievalState(self.max_batch_size, max_kept_blocks, self.device)
+        return RetrievalState(
+            self.max_batch_size, config.num_kept_chunks(self.block_size), self.device
+        )
 
     def num_tracked_requests(self) -> int:
         """Requests holding retrieval state: those running or preempted, never finished ones."""
@@ -243,10 +243,15 @@ class SpecExtendProposer(DraftModelProposer):
         view = self._reduced_view
         if view is not None:
             num_rows = common_attn_metadata.seq_lens.shape[0]
+            block_table, seq_len_offset = (
+                (view.first_pass_block_table, view.first_pass_seq_len_offset)
+                if draft_index == 0
+                else (view.block_table, view.seq_len_offset)
+            )
             common_attn_metadata = dataclasses.replace(
                 common_attn_metadata,
-                block_table_tensor=view.block_table,
-                seq_lens=common_attn_metadata.seq_lens - view.seq_len_offset[:num_rows],
+                block_table_tensor=block_table,
+                seq_lens=common_attn_metadata.seq_lens - seq_len_offset[:num_rows],
             )
         return super().build_per_group_and_layer_attn_metadata(common_attn_metadata, draft_index)
 
@@ -259,8 +264,8 @@ class SpecExtendProposer(DraftModelProposer):
     ) -> ReducedDraftView:
         """Selects chunks where due, then lays out this step's reduced block tables."""
         config = self.method_config
-        state = self.retrieval_state
-        assert state is not None and config.chunk_size is not None
+        state, copies = self.retrieval_state, self.working_copies
+        assert state is not None and copies is not None
         num_reqs = common_attn_metadata.num_reqs
         batch_request_ids = request_ids(self.runner, num_reqs)
         step = DraftStep.from_target_batch(
@@ -270,48 +275,87 @@ class SpecExtendProposer(DraftModelProposer):
             token_indices_to_sample=token_indices_to_sample,
             block_table=common_attn_metadata.block_table_tensor,
             max_seq_len=common_attn_metadata.max_seq_len,
-            chunk_size=config.chunk_size,
+            tail_alignment=max(config.chunk_size, self.block_size),
             activation_length=config.activation_length,
             num_speculative_tokens=num_speculative_tokens,
         )
         slots = step.slots
         compact = self._drafts_compact(step.context_lens, slots)
+        chunks_within_blocks = self._chunks_within_blocks
+        on_copy = copies.has_copy(slots) & (compact | chunks_within_blocks)
+        reducible = step.eligible & (on_copy | (not chunks_within_blocks))
         needs_selection = due_by_schedule(
-            step.eligible,
+            reducible,
             state.steps_since_selection[slots],
-            step.first_query_positions,
-            state.tail_start_block[slots] * self.block_size,
+            step.newest_positions,
+            state.tail_start[slots],
             compact,
             state.compact[slots],
             config.retrieval_interval,
-        )
+        ) | (reducible & step.prefilling)
         if config.retrieval_trigger == "adaptive":
             selected = state.steps_since_selection[slots] >= 0
             needs_selection |= self._adaptive_trigger(
-                step, step.eligible & selected & ~needs_selection
+                step, reducible & selected & ~needs_selection
             )
         selected_rows = needs_selection.nonzero().squeeze(1)
         if selected_rows.numel():
-            self._select(step, selected_rows, compact, batch_request_ids)
+            self._select(step, selected_rows, compact, on_copy, batch_request_ids)
 
-        active = step.eligible & (state.steps_since_selection[slots] >= 0)
-        num_kept_blocks = torch.where(active, state.num_kept_blocks[slots], 0)
-        tail_start_block = torch.where(active, state.tail_start_block[slots], 0)
+        active = reducible & (state.steps_since_selection[slots] >= 0)
+        kept_tokens = torch.where(active, state.num_kept_chunks[slots] * config.chunk_size, 0)
+        tail_start = torch.where(active, state.tail_start[slots], 0)
         full_block_table = step.block_table
-        indices = reduced_block_indices(
-            state.kept_blocks[slots], num_kept_blocks, tail_start_block, full_block_table.shape[1]
-        )
         reduced = self._reduced_block_table_buffer(full_block_table)
-        reduced[:num_reqs] = full_block_table[:num_reqs].gather(1, indices)
-        reduced[num_reqs:] = full_block_table[num_reqs:]
-        drafts_on_copy = active & state.compact[slots]
-        self._point_kept_blocks_to_working_copies(
-            reduced[:num_reqs], slots, drafts_on_copy, num_kept_blocks
+        reduced[:num_reqs] = full_block_table[:num_reqs].gather(
+            1,
+            reduced_block_indices(
+                self._kept_logical_blocks(slots),
+                kept_tokens // self.block_size,
+                tail_start // self.block_size,
+                full_block_table.shape[1],
+            ),
         )
-        seq_len_offset = (tail_start_block - num_kept_blocks) * self.block_size
+        reduced[num_reqs:] = full_block_table[num_reqs:]
+        drafts_on_copy = active & on_copy
+        self._point_kept_blocks_to_working_copies(
+            reduced[:num_reqs], slots, drafts_on_copy, kept_tokens // self.block_size
+        )
+        seq_len_offset = tail_start - kept_tokens
         state.steps_since_selection.index_add_(0, slots, active.long())
-        self.metrics.record_draft_step(active, drafts_on_copy, step.context_lens, seq_len_offset)
-        return ReducedDraftView(reduced, seq_len_offset.to(common_attn_metadata.seq_lens.dtype))
+        self.metrics.record_draft_step(
+            active, active & state.compact[slots], step.context_lens, seq_len_offset
+        )
+        seq_len_offset = seq_len_offset.to(common_attn_metadata.seq_lens.dtype)
+        first_pass_reduced = active & ~step.prefilling
+        first_pass_block_table = reduced
+        if not bool(first_pass_reduced.all()):
+            first_pass_block_table = full_block_table.clone()
+            first_pass_block_table[:num_reqs] = torch.where(
+                first_pass_reduced[:, None], reduced[:num_reqs], full_block_table[:num_reqs]
+            )
+        return ReducedDraftView(
+            reduced,
+            seq_len_offset,
+            first_pass_block_table,
+            torch.where(first_pass_reduced, seq_len_offset, 0),
+        )
+
+    @property
+    def _chunks_within_blocks(self) -> bool:
+        """Chunks smaller than a KV block: the draft reads them from working copies only."""
+        return self.method_config.chunk_size % self.block_size != 0
+
+    def _kept_logical_blocks(self, slots: torch.Tensor) -> torch.Tensor:
+        """The logical blocks of the kept chunks, where chunks are whole blocks; a
+        placeholder column otherwise, as every kept chunk is then read from a copy."""
+        state = self.retrieval_state
+        assert state is not None
+        if self._chunks_within_blocks:
+            return torch.zeros(slots.shape[0], 1, dtype=torch.int64, device=slots.device)
+        return chunks_to_blocks(
+            state.kept_chunks[slots], self.method_config.chunk_size // self.block_size
+        )
 
     def _drafts_compact(self, context_lens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Which requests draft on compact positions: by the `positions` key, where the
@@ -334,27 +378,25 @@ class SpecExtendProposer(DraftModelProposer):
         rows = (watched & ~triggered).nonzero().squeeze(1)
         if rows.numel():
             state = self.retrieval_state
-            assert state is not None and self.method_config.chunk_size is not None
-            blocks_per_chunk = self.method_config.chunk_size // self.block_size
+            assert state is not None
             row_slots = step.slots[rows]
             share = kept_attention_share(
                 self._chunk_scores(step, rows),
-                state.kept_blocks[row_slots, ::blocks_per_chunk] // blocks_per_chunk,
-                state.num_kept_blocks[row_slots] // blocks_per_chunk,
-                state.tail_start_block[row_slots] // blocks_per_chunk,
+                state.kept_chunks[row_slots],
+                state.num_kept_chunks[row_slots],
+                state.tail_start[row_slots] // self.method_config.chunk_size,
             )
             lost = lost_attention_share(share, state.selected_share[row_slots])
             triggered = triggered.index_put((rows,), lost | triggered[rows])
         return triggered
 
     def _chunk_scores(self, step: DraftStep, rows: torch.Tensor) -> torch.Tensor:
-        config = self.method_config
-        assert self.chunk_scorer is not None and config.chunk_size is not None
+        assert self.chunk_scorer is not None
         return self.chunk_scorer(
             step.sample_rows[rows],
             step.block_table[rows],
             step.context_lens[rows],
-            -(-step.max_seq_len // config.chunk_size),
+            -(-step.max_seq_len // self.method_config.chunk_size),
         )
 
     def _select(
@@ -362,17 +404,17 @@ class SpecExtendProposer(DraftModelProposer):
         step: DraftStep,
         rows: torch.Tensor,
         compact: torch.Tensor,
+        on_copy: torch.Tensor,
         batch_request_ids: list[str],
     ) -> None:
         config = self.method_config
-        assert self.retrieval_state is not None and config.chunk_size is not None
-        blocks_per_chunk = config.chunk_size // self.block_size
-        num_candidates = step.tail_start_chunk[rows]
+        assert self.retrieval_state is not None
+        num_candidates = step.tail_start[rows] // config.chunk_size
         chunk_scores = None
         if config.policy == "cmr" or config.retrieval_trigger == "adaptive":
             chunk_scores = self._chunk_scores(step, rows)
         kept_chunks, num_kept_chunks = select_chunks(
-            config.policy, chunk_scores, num_candidates, config.num_kept_chunks
+            config.policy, chunk_scores, num_candidates, config.num_kept_chunks(self.block_size)
         )
         selected_share = (
             torch.zeros(rows.shape, device=rows.device)
@@ -381,15 +423,15 @@ class SpecExtendProposer(DraftModelProposer):
         )
         self.retrieval_state.store(
             step.slots[rows],
-            chunks_to_blocks(kept_chunks, blocks_per_chunk),
-            num_kept_chunks * blocks_per_chunk,
-            step.tail_start_chunk[rows] * blocks_per_chunk,
+            kept_chunks,
+            num_kept_chunks,
+            step.tail_start[rows],
             compact[rows],
             selected_share,
         )
-        compact_rows = rows[compact[rows]]
-        if compact_rows.numel():
-            self._build_working_copies(compact_rows, step.slots, step.block_table)
+        copy_rows = rows[on_copy[rows]]
+        if copy_rows.numel():
+            self._build_working_copies(copy_rows, step.slots, compact, step.block_table)
         self.metrics.record_selection(
             batch_request_ids,
             rows,
@@ -400,29 +442,34 @@ class SpecExtendProposer(DraftModelProposer):
         )
 
     def _build_working_copies(
-        self, rows: torch.Tensor, slots: torch.Tensor, full_block_table: torch.Tensor
+        self,
+        rows: torch.Tensor,
+        slots: torch.Tensor,
+        compact: torch.Tensor,
+        full_block_table: torch.Tensor,
     ) -> None:
-        """Copies each kept block of these requests into their working copy, keys rotated
-        so that the kept blocks sit right before the tail."""
+        """Packs the kept chunks of these requests side by side into their working
+        copies, in every draft layer; on compact positions the keys are re-rotated so
+        that the kept tokens end where the tail starts."""
         state, copies, rotation = self.retrieval_state, self.working_copies, self.rotation
-        assert state is not None and copies is not None and rotation is not None
+        assert state is not None and copies is not None
         row_slots = slots[rows]
-        kept_blocks = state.kept_blocks[row_slots]
-        num_kept_blocks = state.num_kept_blocks[row_slots]
-        shifts = kept_block_shifts(
-            kept_blocks, num_kept_blocks, state.tail_start_block[row_slots], self.block_size
+        sources, shifts, is_kept = packed_chunk_tokens(
+            state.kept_chunks[row_slots],
+            state.num_kept_chunks[row_slots],
+            self.method_config.chunk_size,
+            state.tail_start[row_slots],
         )
-        columns = torch.arange(kept_blocks.shape[1], device=kept_blocks.device)[None, :]
-        is_kept = columns < num_kept_blocks[:, None]
-        sources = full_block_table[rows].gather(
-            1, kept_blocks.clamp(max=full_block_table.shape[1] - 1)
+        source_slots, copy_slots = packed_copy_slots(
+            full_block_table[rows], copies.block_ids(row_slots), sources, is_kept, self.block_size
         )
-        sources = sources[is_kept].long()
-        destinations = copies.block_ids(row_slots)[is_kept].long()
-        cos_sin = rotation.cos_sin[shifts[is_kept]]
+        cos_sin = None
+        if bool(compact[rows].any()):
+            assert rotation is not None
+            token_shifts = torch.where(compact[rows][:, None], shifts, 0)[is_kept]
+            cos_sin = rotation.cos_sin[token_shifts]
         for layer in self._draft_layers:
-            raw_cache = layers.raw_kv_cache(layer)
-            copy_rotated_blocks(raw_cache, sources, destinations, cos_sin, rotation)
+            copy_kept_tokens(layers.raw_kv_cache(layer), source_slots, copy_slots, cos_sin, rotation)
 
     def _point_kept_blocks_to_working_copies(
         self,

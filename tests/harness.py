@@ -12,8 +12,8 @@ import torch
 
 BLOCK_SIZE = 32
 NUM_SPECULATIVE_TOKENS = 3
-# Small enough for prompts of a few hundred tokens to cross it.
-METHOD_KEYS = {"chunk_size": 32, "token_budget": 64, "retrieval_interval": 2, "activation_length": 128}
+# Small enough for prompts of a few hundred tokens to cross it; chunks of half a block.
+METHOD_KEYS = {"chunk_size": 16, "token_budget": 64, "retrieval_interval": 2, "activation_length": 128}
 # Lossless checks: some prompts below the activation length, some far above it.
 PROMPT_LENGTHS = [40, 100, 150, 260, 400, 520, 700, 880]
 MAX_TOKENS = 24

@@ -14,9 +14,13 @@ class DraftStep:
     sample_rows: the target batch row of each request's last accepted token;
     accepted_drafts: how many draft tokens its last verification accepted;
     context_lens: its tokens up to and including the last accepted one;
-    first_query_positions: the position of its first token in this target batch;
-    tail_start_chunk: the chunk holding that token, where the newest tokens start;
-    eligible: long enough to draft on a reduced cache, and decoding (not prefilling);
+    prefilling: whether it processes more tokens than a verification (a prompt), so
+        that the draft's first pass must write their KV attending to the full cache;
+    newest_positions: its first token whose draft KV this step writes on a reduced
+        cache: the first verified token, or a prompt's last token;
+    tail_start: where its newest tokens start: newest_positions rounded down to
+        `tail_alignment`; the draft attends to every token from there on;
+    eligible: long enough to draft on a reduced cache;
     block_table: [R + padding rows, W], the full block table of the batch.
     """
 
@@ -24,8 +28,9 @@ class DraftStep:
     sample_rows: torch.Tensor
     accepted_drafts: torch.Tensor
     context_lens: torch.Tensor
-    first_query_positions: torch.Tensor
-    tail_start_chunk: torch.Tensor
+    prefilling: torch.Tensor
+    newest_positions: torch.Tensor
+    tail_start: torch.Tensor
     eligible: torch.Tensor
     block_table: torch.Tensor
     max_seq_len: int
@@ -39,14 +44,15 @@ class DraftStep:
         token_indices_to_sample: torch.Tensor | None,
         block_table: torch.Tensor,
         max_seq_len: int,
-        chunk_size: int,
+        tail_alignment: int,
         activation_length: int,
         num_speculative_tokens: int,
     ) -> DraftStep:
         """slots: [R]; target_positions: [num_tokens]; query_start_loc: [R + 1].
 
         Example: two requests, the first prefilling 5 tokens (positions 0-4), the second
-        verifying 3 (positions 40-42) of which 1 draft was accepted (sample row 6):
+        verifying 3 (positions 40-42) of which 1 draft was accepted (sample row 6); tails
+        start on multiples of 16:
 
         >>> step = DraftStep.from_target_batch(
         ...     slots=torch.tensor([0, 1]),
@@ -55,12 +61,14 @@ class DraftStep:
         ...     token_indices_to_sample=torch.tensor([4, 6]),
         ...     block_table=torch.zeros(2, 4, dtype=torch.int32),
         ...     max_seq_len=43,
-        ...     chunk_size=16,
-        ...     activation_length=32,
+        ...     tail_alignment=16,
+        ...     activation_length=5,
         ...     num_speculative_tokens=2,
         ... )
-        >>> step.context_lens.tolist(), step.tail_start_chunk.tolist(), step.eligible.tolist()
-        ([5, 42], [0, 2], [False, True])
+        >>> step.context_lens.tolist(), step.prefilling.tolist(), step.newest_positions.tolist()
+        ([5, 42], [True, False], [4, 40])
+        >>> step.tail_start.tolist(), step.eligible.tolist()
+        ([0, 32], [True, True])
         >>> step.accepted_drafts[1].item()
         1
         """
@@ -69,16 +77,18 @@ class DraftStep:
             query_start_loc[1:] - 1 if token_indices_to_sample is None else token_indices_to_sample
         ).long()
         context_lens = target_positions[sample_rows] + 1
+        prefilling = query_lens > num_speculative_tokens + 1
         first_query_positions = target_positions[query_start_loc[:-1].long()]
-        eligible = (context_lens >= activation_length) & (query_lens <= num_speculative_tokens + 1)
+        newest_positions = torch.where(prefilling, context_lens - 1, first_query_positions)
         return cls(
             slots=slots,
             sample_rows=sample_rows,
             accepted_drafts=sample_rows - query_start_loc[:-1],
             context_lens=context_lens,
-            first_query_positions=first_query_positions,
-            tail_start_chunk=first_query_positions // chunk_size,
-            eligible=eligible,
+            prefilling=prefilling,
+            newest_positions=newest_positions,
+            tail_start=newest_positions // tail_alignment * tail_alignment,
+            eligible=context_lens >= activation_length,
             block_table=block_table,
             max_seq_len=max_seq_len,
         )

@@ -8,19 +8,19 @@ import torch
 class RetrievalState:
     """Per-request selections, in fixed slots created and freed with the requests.
 
-    kept_blocks[s, :num_kept_blocks[s]]: the logical blocks the request in slot s keeps;
-    tail_start_block[s]: its first block of newest tokens, attended in full;
+    kept_chunks[s, :num_kept_chunks[s]]: the chunks the request in slot s keeps, sorted;
+    tail_start[s]: the first position of its newest tokens, attended in full;
     steps_since_selection[s]: draft steps since the slot's selection (-1: none yet);
     compact[s]: whether the selection drafts on compact positions (a working copy);
     selected_share[s]: the kept chunks' share of the target's attention when selected.
     """
 
-    def __init__(self, max_requests: int, max_kept_blocks: int, device: torch.device):
-        self.kept_blocks = torch.zeros(
-            max_requests, max(max_kept_blocks, 1), dtype=torch.int64, device=device
+    def __init__(self, max_requests: int, max_kept_chunks: int, device: torch.device):
+        self.kept_chunks = torch.zeros(
+            max_requests, max(max_kept_chunks, 1), dtype=torch.int64, device=device
         )
-        self.num_kept_blocks = torch.zeros(max_requests, dtype=torch.int64, device=device)
-        self.tail_start_block = torch.zeros(max_requests, dtype=torch.int64, device=device)
+        self.num_kept_chunks = torch.zeros(max_requests, dtype=torch.int64, device=device)
+        self.tail_start = torch.zeros(max_requests, dtype=torch.int64, device=device)
         self.steps_since_selection = torch.full(
             (max_requests,), -1, dtype=torch.int64, device=device
         )
@@ -41,7 +41,7 @@ class RetrievalState:
                 slot_by_request[request_id] = slot
                 self.steps_since_selection[slot] = -1
         return torch.tensor([slot_by_request[r] for r in request_ids], dtype=torch.int64).to(
-            self.kept_blocks.device, non_blocking=True
+            self.kept_chunks.device, non_blocking=True
         )
 
     def reset(self, request_ids: list[str]) -> None:
@@ -59,15 +59,15 @@ class RetrievalState:
     def store(
         self,
         slots: torch.Tensor,
-        kept_blocks: torch.Tensor,
-        num_kept_blocks: torch.Tensor,
-        tail_start_block: torch.Tensor,
+        kept_chunks: torch.Tensor,
+        num_kept_chunks: torch.Tensor,
+        tail_start: torch.Tensor,
         compact: torch.Tensor,
         selected_share: torch.Tensor,
     ) -> None:
-        self.kept_blocks[slots, : kept_blocks.shape[1]] = kept_blocks
-        self.num_kept_blocks[slots] = num_kept_blocks
-        self.tail_start_block[slots] = tail_start_block
+        self.kept_chunks[slots, : kept_chunks.shape[1]] = kept_chunks
+        self.num_kept_chunks[slots] = num_kept_chunks
+        self.tail_start[slots] = tail_start
         self.compact[slots] = compact
         self.selected_share[slots] = selected_share
         self.steps_since_selection[slots] = 0

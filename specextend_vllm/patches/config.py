@@ -65,7 +65,7 @@ class EngineConfigCarriesSpecExtend(VllmPatch):
         method_config: SpecExtendConfig | None = getattr(self, "_specextend_config", None)
         if method_config is None:
             return vllm_config
-        method_config = method_config.resolve_chunk_size(vllm_config.cache_config.block_size)
+        method_config.check_block_size(vllm_config.cache_config.block_size)
         if not isinstance(vllm_config.additional_config, dict):
             raise ValueError(
                 f"method '{METHOD_NAME}' needs additional_config to be a dict, "

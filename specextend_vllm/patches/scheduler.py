@@ -15,8 +15,9 @@ from specextend_vllm.vllm_access.config import working_copy_manager_blocks
 
 
 class SchedulerLeavesWorkingCopyBlocks(VllmPatch):
-    """With compact positions the scheduler allocates from fewer blocks than the workers
-    hold: the last ones keep the draft's re-rotated working copies."""
+    """With working copies (compact positions, or chunks smaller than a block) the
+    scheduler allocates from fewer blocks than the workers hold: the last ones keep the
+    draft's copies of its kept chunks."""
 
     target = Scheduler
     attribute = "__init__"
@@ -32,7 +33,7 @@ class SchedulerLeavesWorkingCopyBlocks(VllmPatch):
         reserved = working_copy_manager_blocks(vllm_config, kv_cache_config)
         if reserved:
             logger.info(
-                "SpecExtend: %d of %d KV cache blocks hold the draft's compact working copies",
+                "SpecExtend: %d of %d KV cache blocks hold the draft's working copies",
                 reserved,
                 kv_cache_config.num_blocks,
             )

@@ -47,13 +47,14 @@ def manager_block_size(kv_cache_config: KVCacheConfig) -> int:
 
 
 def working_copy_manager_blocks(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> int:
-    """Blocks (of the scheduler's size) the workers keep for compact working copies."""
+    """Blocks (of the scheduler's size) the workers keep for working copies."""
     method_config = specextend_config(vllm_config)
-    if method_config is None or not method_config.uses_compact_positions():
+    block_size = manager_block_size(kv_cache_config)
+    if method_config is None or not method_config.uses_working_copies(block_size):
         return 0
     return reserved_manager_blocks(
         kv_cache_config.num_blocks,
         vllm_config.scheduler_config.max_num_seqs,
-        method_config.max_kept_tokens,
-        manager_block_size(kv_cache_config),
+        method_config.max_kept_tokens(block_size),
+        block_size,
     )

@@ -91,6 +91,18 @@ def test_adaptive_retrieval_is_lossless(
     assert retrieval_stats(compact_llm)[0]["retrievals"] > before
 
 
+def test_chunk_size_switched_on_a_running_engine_stays_lossless(
+    compact_llm: Any, prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    """Whole-block chunks on a running engine that started with half-block ones."""
+    [config] = reconfigure(
+        compact_llm, positions="compact", retrieval_trigger="interval", chunk_size=64
+    )
+    assert config["chunk_size"] == 64
+    assert generate_ids(compact_llm, prompts, MAX_TOKENS) == plain_outputs
+    assert len(retrieval_stats(compact_llm)[0]["selections"][-1]["kept_chunks"]) == 1
+
+
 def test_cross_tokenizer_draft_with_compact_positions(
     tiny_models: dict[str, Path],
     tmp_path_factory: pytest.TempPathFactory,

@@ -7,16 +7,26 @@ from typing import Any
 
 import pytest
 
-from tests.harness import MAX_TOKENS, METHOD_KEYS, decode, specextend_config
+from tests.harness import BLOCK_SIZE, MAX_TOKENS, METHOD_KEYS, decode, specextend_config
 
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module", params=["cmr", "streaming", "full"])
+# Chunks of half a KV block, read from working copies; whole-block chunks, read in place.
+RUNS = {
+    "cmr": {"policy": "cmr"},
+    "streaming": {"policy": "streaming"},
+    "full": {"policy": "full"},
+    "cmr_whole_blocks": {"policy": "cmr", "chunk_size": 32, "positions": "absolute"},
+}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
 def specextend_run(request: pytest.FixtureRequest, tiny_models: dict[str, Path], prompts: list[list[int]]) -> dict[str, Any]:
-    config = specextend_config(tiny_models["draft_noisy"], policy=request.param)
+    keys = RUNS[request.param]
+    config = specextend_config(tiny_models["draft_noisy"], **keys)
     run = decode(tiny_models["target"], prompts, MAX_TOKENS, config)
-    return {"policy": request.param, "outputs": run.outputs, "counts": run.counts, "stats": run.stats}
+    return {**keys, "outputs": run.outputs, "counts": run.counts, "stats": run.stats}
 
 
 def test_greedy_output_equals_plain_decoding(specextend_run: dict[str, Any], plain_outputs: list[list[int]]) -> None:
@@ -41,6 +51,18 @@ def test_long_requests_draft_on_fewer_tokens_than_their_context(specextend_run: 
     assert stats["retrievals"] > 0
     assert stats["reduced_draft_steps"] > 0 and stats["full_draft_steps"] > 0
     budget = METHOD_KEYS["token_budget"]
+    chunk_size = specextend_run.get("chunk_size", METHOD_KEYS["chunk_size"])
     assert stats["mean_kept_tokens"] < stats["mean_context_tokens"]
-    assert stats["mean_kept_tokens"] <= budget + METHOD_KEYS["chunk_size"] * 3
-    assert all(len(s["kept_chunks"]) == budget // METHOD_KEYS["chunk_size"] for s in stats["selections"])
+    assert stats["mean_kept_tokens"] <= budget + BLOCK_SIZE * 3
+    assert all(len(s["kept_chunks"]) == budget // chunk_size for s in stats["selections"])
+
+
+def test_requests_select_chunks_right_after_their_prefill(
+    specextend_run: dict[str, Any], prompts: list[list[int]]
+) -> None:
+    """The first drafts after a prompt already run on the reduced cache."""
+    if specextend_run["policy"] == "full":
+        return
+    long_prompt_lengths = {len(p) for p in prompts if len(p) >= METHOD_KEYS["activation_length"]}
+    first_selection_lengths = {s["context_len"] for s in specextend_run["stats"]["selections"]}
+    assert long_prompt_lengths <= first_selection_lengths

@@ -23,7 +23,10 @@ pytestmark = pytest.mark.engine
 def llm(tiny_models: dict[str, Path], plain_outputs: list[list[int]]) -> Any:
     """Needs `plain_outputs` first: vLLM keeps one engine's parallel state per process, so
     no other engine may start and stop while this one lives."""
-    return make_llm(tiny_models["target"], specextend_config(tiny_models["draft_noisy"], policy="full"))
+    config = specextend_config(
+        tiny_models["draft_noisy"], policy="full", chunk_size=32, positions="absolute"
+    )
+    return make_llm(tiny_models["target"], config)
 
 
 @pytest.mark.parametrize("policy", ["cmr", "streaming", "full"])
@@ -50,12 +53,14 @@ def test_verification_attention_switched_on_a_running_engine_stays_lossless(
 
 
 def test_reconfigure_rejects_keys_fixed_at_start_and_bad_values(llm: Any) -> None:
-    with pytest.raises(ValueError, match=r"chunk_size.*allowed keys"):
-        reconfigure(llm, chunk_size=64)
+    with pytest.raises(ValueError, match=r"cannot reconfigure \['chunk_sise'\]"):
+        reconfigure(llm, chunk_sise=64)
     with pytest.raises(ValueError, match=r"speculative_config\['policy'\] must be one of"):
         reconfigure(llm, policy="everything")
-    with pytest.raises(ValueError, match=r"cannot switch to positions 'compact'.*no KV cache blocks"):
+    with pytest.raises(ValueError, match=r"working copies.*no KV cache blocks"):
         reconfigure(llm, policy="cmr", positions="compact")
+    with pytest.raises(ValueError, match=r"working copies.*no KV cache blocks"):
+        reconfigure(llm, policy="cmr", chunk_size=16)
 
 
 def test_step_timings_cover_target_forward_and_each_draft_pass(llm: Any, prompts: list[list[int]]) -> None:

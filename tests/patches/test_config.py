@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from specextend_vllm.config import SpecExtendConfig
-from tests.harness import BLOCK_SIZE, specextend_config
+from tests.harness import BLOCK_SIZE, METHOD_KEYS, specextend_config
 
 
 def build_engine_config(model: Path, speculative_config: dict[str, Any], **overrides: Any) -> Any:
@@ -27,9 +28,11 @@ def build_engine_config(model: Path, speculative_config: dict[str, Any], **overr
 
 
 def test_defaults() -> None:
-    config = SpecExtendConfig().resolve_chunk_size(128)
-    assert (config.chunk_size, config.token_budget, config.retrieval_interval) == (128, 1024, 4)
-    assert config.policy == "cmr" and config.num_kept_chunks == 8
+    config = SpecExtendConfig().check_block_size(128)
+    assert (config.chunk_size, config.token_budget, config.retrieval_interval) == (32, 1024, 4)
+    assert config.policy == "cmr" and config.num_kept_chunks(128) == 32
+    absolute = dataclasses.replace(config, positions="absolute")
+    assert absolute.uses_working_copies(128) and not absolute.uses_working_copies(16)
 
 
 def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> None:
@@ -37,7 +40,7 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
         tiny_models["target"], specextend_config(tiny_models["draft_noisy"])
     )
     assert vllm_config.speculative_config.method == "draft_model"
-    assert vllm_config.additional_config["specextend"]["chunk_size"] == 32
+    assert vllm_config.additional_config["specextend"]["chunk_size"] == METHOD_KEYS["chunk_size"]
     assert vllm_config.use_v2_model_runner is False
 
 
@@ -56,11 +59,11 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
         ({"activation_length": 32}, r"\['activation_length'\] must be >= .*token_budget"),
         (
             {"chunk_size": 48},
-            r"\['chunk_size'\] must be a multiple of the KV cache block size \(32\)",
+            r"\['chunk_size'\] must divide the KV cache block size \(32\) or be a multiple",
         ),
         (
             {"chunk_size": 128, "token_budget": 64},
-            r"\['token_budget'\] must be >= the chunk size \(128\)",
+            r"\['token_budget'\] must be >= 128 \(the larger of the chunk size",
         ),
         ({"parallel_drafting": True}, r"\['parallel_drafting'\] must be False"),
         (

@@ -1,5 +1,5 @@
 """Every helper that depends on the KV cache layout, on CPU tensors in vLLM's CPU layout
-and in FlashAttention's GPU layout: key views, block copies and working copies."""
+and in FlashAttention's GPU layout: key and value views, and working copies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from specextend_vllm import kv_cache_layout
-from specextend_vllm.algorithm.positions import DraftRotation, copy_rotated_blocks, rotate_keys
+from specextend_vllm.algorithm.positions import (
+    DraftRotation,
+    copy_kept_tokens,
+    packed_chunk_tokens,
+    packed_copy_slots,
+    rotate_keys,
+)
 from tests.paged_cache import HEAD_DIM, LAYOUTS, make_paged_batch
 
 BLOCK_SIZE = 16
@@ -45,37 +51,50 @@ def test_key_view_reads_each_requests_keys_through_its_block_table(layout: str) 
         torch.testing.assert_close(keys[blocks, positions % BLOCK_SIZE], dense)
 
 
+@pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_block_copies_move_keys_and_values_and_nothing_else(layout: str) -> None:
-    raw = make_paged_batch([64], 4, 2, BLOCK_SIZE, layout).raw_cache
-    before = raw.clone()
-    sources, destinations = torch.tensor([0, 2]), torch.tensor([5, 1])
-    kv_cache_layout.copy_blocks(raw, sources, destinations)
-    for view in (kv_cache_layout.key_cache_view, value_view):
-        torch.testing.assert_close(view(raw)[destinations], view(before)[sources])
-        untouched = [b for b in range(view(raw).shape[0]) if b not in (5, 1)]
-        torch.testing.assert_close(view(raw)[untouched], view(before)[untouched])
-
-
-@pytest.mark.parametrize("is_neox_style", [True, False])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_working_copies_hold_rotated_keys_and_unchanged_values(
-    layout: str, is_neox_style: bool
+def test_working_copy_holds_exactly_the_kept_chunks_before_the_tail(
+    layout: str, compact: bool
 ) -> None:
-    raw = make_paged_batch([80], 4, 2, BLOCK_SIZE, layout, seed=4).raw_cache
+    """Chunks of 4 tokens in blocks of 16: chunks 2, 5, 11 and 17 of a 100-token request are
+    packed into a one-block copy; through the reduced block table the draft reads exactly
+    those tokens (keys rotated onto positions 64-79 on compact positions), then the tail
+    from position 80. Nothing outside the copy changes."""
+    chunk_size, context_len = 4, 100
+    batch = make_paged_batch([context_len], 4, 2, BLOCK_SIZE, layout, seed=4)
+    raw, block_table = batch.raw_cache, batch.block_table
+    copy_block = min(set(range(batch.key_cache.shape[0])) - set(block_table[0].tolist()))
     before = raw.clone()
-    angles = torch.rand(2, HEAD_DIM // 2) * 6.28
-    rotation = DraftRotation(
-        torch.cat([angles.cos(), angles.sin()], dim=1), HEAD_DIM, is_neox_style
-    )
-    sources, destinations = torch.tensor([3, 0]), torch.tensor([6, 7])
-    copy_rotated_blocks(raw, sources, destinations, rotation.cos_sin, rotation)
+    kept_chunks, tail_start = torch.tensor([[2, 5, 11, 17]]), torch.tensor([80])
+    angles = torch.rand(96, HEAD_DIM // 2) * 6.28
+    rotation = DraftRotation(torch.cat([angles.cos(), angles.sin()], dim=1), HEAD_DIM, True)
 
-    old_keys = kv_cache_layout.key_cache_view(before)[sources].contiguous()
-    expected = rotate_keys(old_keys, rotation.cos_sin, HEAD_DIM, is_neox_style)
-    torch.testing.assert_close(kv_cache_layout.key_cache_view(raw)[destinations], expected)
-    torch.testing.assert_close(value_view(raw)[destinations], value_view(before)[sources])
-    torch.testing.assert_close(kv_cache_layout.key_cache_view(raw)[sources], old_keys)
+    sources, shifts, is_kept = packed_chunk_tokens(
+        kept_chunks, torch.tensor([4]), chunk_size, tail_start
+    )
+    source_slots, copy_slots = packed_copy_slots(
+        block_table, torch.tensor([[copy_block]]), sources, is_kept, BLOCK_SIZE
+    )
+    cos_sin = rotation.cos_sin[shifts[is_kept]] if compact else None
+    copy_kept_tokens(raw, source_slots, copy_slots, cos_sin, rotation)
+
+    reduced_table = torch.cat([torch.tensor([copy_block]), block_table[0, 5:]]).long()
+    reduced_len = context_len - (80 - 16)
+    positions = torch.arange(reduced_len)
+    kept_positions = sources[0, :16]
+    for view in (kv_cache_layout.key_cache_view, value_view):
+        read = view(raw)[reduced_table[positions // BLOCK_SIZE], positions % BLOCK_SIZE]
+        tokens = torch.arange(context_len)
+        full = view(before)[block_table[0, tokens // BLOCK_SIZE].long(), tokens % BLOCK_SIZE]
+        expected_kept = full[kept_positions]
+        if compact and view is kv_cache_layout.key_cache_view:
+            expected_kept = rotate_keys(
+                expected_kept, rotation.cos_sin[shifts[0, :16]], HEAD_DIM, True
+            )
+        torch.testing.assert_close(read[:16], expected_kept)
+        torch.testing.assert_close(read[16:], full[80:])
+        untouched = [b for b in range(view(raw).shape[0]) if b != copy_block]
+        torch.testing.assert_close(view(raw)[untouched], view(before)[untouched])
 
 
 def test_cpu_layout_rejects_a_cache_with_strided_slabs() -> None:

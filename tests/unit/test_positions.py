@@ -9,7 +9,7 @@ from specextend_vllm.kv_cache_layout import cpu_vec_key_cache_view
 from specextend_vllm.patches.model import extend_draft_rotary_table
 from specextend_vllm.algorithm.positions import (
     WorkingCopies,
-    kept_block_shifts,
+    packed_chunk_tokens,
     reserved_manager_blocks,
     rotate_keys,
 )
@@ -48,9 +48,17 @@ def rotated_keys(
     return keys.view_as(raw_keys)
 
 
-def test_kept_block_shifts_land_kept_blocks_before_the_tail() -> None:
-    shifts = kept_block_shifts(torch.tensor([[1, 4, 6]]), torch.tensor([3]), torch.tensor([9]), 16)
-    assert shifts.tolist() == [[80, 48, 32]]
+def test_packed_chunks_end_where_the_tail_starts() -> None:
+    """Chunks of 4 tokens: request 0 keeps chunks 1, 4 and 6 before a tail at 36, request 1
+    keeps only chunk 0 before a tail at 8."""
+    sources, shifts, is_kept = packed_chunk_tokens(
+        torch.tensor([[1, 4, 6], [0, 9, 9]]), torch.tensor([3, 1]), 4, torch.tensor([36, 8])
+    )
+    landing = sources + shifts
+    assert landing[0].tolist() == list(range(24, 36))
+    assert sources[0].tolist() == [4, 5, 6, 7, 16, 17, 18, 19, 24, 25, 26, 27]
+    assert is_kept[1].tolist() == [True] * 4 + [False] * 8
+    assert landing[1, :4].tolist() == [4, 5, 6, 7]
 
 
 @pytest.mark.parametrize("is_neox_style", [True, False])
@@ -58,22 +66,18 @@ def test_kept_block_shifts_land_kept_blocks_before_the_tail() -> None:
 def test_rerotated_keys_equal_keys_rotated_at_the_new_positions(
     is_neox_style: bool, rotary_dim: int
 ) -> None:
-    """A kept block of keys rotated at its prompt positions, then moved by its shift,
-    equals the same raw keys rotated by vLLM at the compact positions."""
+    """Keys rotated at their prompt positions, then moved by their shifts, equal the same
+    raw keys rotated by vLLM at the compact positions."""
     torch.manual_seed(0)
     max_positions = 4096
     rope = vllm_rope(is_neox_style, rotary_dim, max_positions)
     table = rope._compute_cos_sin_cache().float()
-    blocks_at = torch.tensor([200, 37, 150])
-    shifts = torch.tensor([1000, 5, 3500])
-    raw = torch.randn(len(blocks_at), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    offsets = torch.arange(BLOCK_SIZE)
-    old_positions = (blocks_at[:, None] + offsets).flatten()
-    cached = rotated_keys(rope, raw.flatten(0, 1), old_positions).view_as(raw)
+    old_positions = torch.tensor([200, 201, 37, 150, 151, 152])
+    shifts = torch.tensor([1000, 1000, 5, 3500, 3500, 3500])
+    raw = torch.randn(len(old_positions), NUM_KV_HEADS, HEAD_DIM)
+    cached = rotated_keys(rope, raw, old_positions)
     moved = rotate_keys(cached, table[shifts], rotary_dim, is_neox_style)
-    direct = rotated_keys(
-        rope, raw.flatten(0, 1), old_positions + shifts.repeat_interleave(BLOCK_SIZE)
-    ).view_as(raw)
+    direct = rotated_keys(rope, raw, old_positions + shifts)
     # vLLM's fp32 table holds each angle to within position * 2**-24 radians.
     torch.testing.assert_close(moved, direct, atol=1e-3, rtol=1e-3)
 
@@ -84,9 +88,10 @@ def test_rotate_keys_reads_strided_cache_views() -> None:
     raw_cache = torch.randn(4, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM)
     keys = cpu_vec_key_cache_view(raw_cache)
     table = vllm_rope(True)._compute_cos_sin_cache().float()
-    expected = rotate_keys(keys[[2, 3]].contiguous(), table[[7, 9]], HEAD_DIM, True)
-    keys[[2, 3]] = rotate_keys(keys[[2, 3]], table[[7, 9]], HEAD_DIM, True)
-    torch.testing.assert_close(cpu_vec_key_cache_view(raw_cache)[[2, 3]], expected)
+    blocks, offsets = torch.tensor([2, 3]), torch.tensor([5, 0])
+    expected = rotate_keys(keys[blocks, offsets].contiguous(), table[[7, 9]], HEAD_DIM, True)
+    keys[blocks, offsets] = rotate_keys(keys[blocks, offsets], table[[7, 9]], HEAD_DIM, True)
+    torch.testing.assert_close(cpu_vec_key_cache_view(raw_cache)[blocks, offsets], expected)
 
 
 def test_draft_rotary_table_extends_past_the_trained_length() -> None:

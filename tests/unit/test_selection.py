@@ -72,7 +72,7 @@ def test_reduced_table_attends_to_the_same_tokens_as_a_mask() -> None:
 
 
 def test_state_slots_are_created_reset_and_freed() -> None:
-    state = RetrievalState(max_requests=2, max_kept_blocks=2, device=torch.device("cpu"))
+    state = RetrievalState(max_requests=2, max_kept_chunks=2, device=torch.device("cpu"))
     slots = state.slots(["a", "b"])
     state.store(
         slots,
