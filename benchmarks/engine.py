@@ -67,6 +67,33 @@ def close(llm: Any) -> None:
     gc.collect()
 
 
+def retrieval_counters(llm: Any) -> dict[str, Any]:
+    """The method's counters since the engine started (`retrieval_stats`, no selections)."""
+    from specextend_vllm import retrieval_stats
+
+    stats = retrieval_stats(llm)[0]
+    stats.pop("selections", None)
+    return stats
+
+
+def reduced_steps_between(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, float | None]:
+    """Draft steps on a reduced cache between two `retrieval_counters` readings, and the
+    mean tokens kept in them.
+
+    >>> reduced_steps_between(
+    ...     {"reduced_draft_steps": 10, "mean_kept_tokens": 100.0},
+    ...     {"reduced_draft_steps": 30, "mean_kept_tokens": 150.0},
+    ... )
+    (20, 175.0)
+    """
+    steps = after["reduced_draft_steps"] - before["reduced_draft_steps"]
+    kept = (
+        after["mean_kept_tokens"] * after["reduced_draft_steps"]
+        - before["mean_kept_tokens"] * before["reduced_draft_steps"]
+    )
+    return steps, kept / steps if steps else None
+
+
 @dataclasses.dataclass
 class RequestFigures:
     """One request: its output and timings, and per verify step the accepted drafts."""

@@ -1,22 +1,24 @@
-"""Long texts by genre, none of them used to tune the method, all available offline.
+"""Long texts by genre, none of them used to tune the method, all available offline
+(see `benchmarks.assets.TEXT_SOURCES`):
 
-- fiction: Project Gutenberg novels (see `benchmarks.assets.TEXT_SOURCES`);
-- dialogue: plays, nearly all lines spoken (Shakespeare);
+- fiction: two novels (Carroll's Alice, Soseki's Botchan) and Milton's Paradise Regained;
+- dialogue: transcripts of human-to-human chats (chitchat-dataset), three sets;
 - essays: Paul Graham's essays, three disjoint sets of them;
 - code: modules of the running Python's standard library;
-- docs: the Python language reference as `pydoc` ships it (`pydoc_data.topics`), in three parts.
+- docs: Docutils' reference manuals (reStructuredText, its directives, configuration).
 """
 
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
-FICTION = ("novels/pride_and_prejudice", "novels/sherlock_holmes", "novels/tale_of_two_cities")
-DIALOGUE = ("shakespeare/coriolanus", "shakespeare/much_ado_about_nothing", "shakespeare/twelfth_night")
+FICTION = ("novels/alice29", "novels/botchan", "milton/paradise_regained")
+DIALOGUE = ("chats/chats_1", "chats/chats_2", "chats/chats_3")
+DOCS = ("docutils/restructuredtext", "docutils/directives", "docutils/config")
 CODE_MODULES = ("argparse.py", "tarfile.py", "subprocess.py")
 NUM_ESSAY_SETS = 3
-NUM_DOC_PARTS = 3
 
 
 def essay_sets(essays: dict[str, str]) -> dict[str, str]:
@@ -37,31 +39,29 @@ def python_sources() -> dict[str, str]:
     return {f"code/{name.removesuffix('.py')}": (stdlib / name).read_text() for name in CODE_MODULES}
 
 
-def language_reference_parts() -> dict[str, str]:
-    """`pydoc`'s topics in name order, cut into `NUM_DOC_PARTS` consecutive parts."""
-    from pydoc_data.topics import topics
-
-    names = sorted(topics)
-    size = -(-len(names) // NUM_DOC_PARTS)
-    return {
-        f"docs/reference_part_{index + 1}": "\n\n".join(
-            topics[name] for name in names[index * size : (index + 1) * size]
-        )
-        for index in range(NUM_DOC_PARTS)
-    }
-
-
-def genre_texts() -> dict[str, dict[str, str]]:
-    """Texts by genre, then by name."""
-    from benchmarks.assets import HAYSTACK_COLLECTION, long_texts
+def packaged_texts(names: tuple[str, ...]) -> dict[str, str]:
+    from benchmarks.assets import long_texts
 
     texts = long_texts()
+    return {name: texts[name] for name in names}
+
+
+def essays() -> dict[str, str]:
+    from benchmarks.assets import HAYSTACK_COLLECTION, long_texts
+
     prefix = f"{HAYSTACK_COLLECTION}/"
-    essays = {name: text for name, text in texts.items() if name.startswith(prefix)}
-    return {
-        "fiction": {name: texts[name] for name in FICTION},
-        "dialogue": {name: texts[name] for name in DIALOGUE},
-        "essays": essay_sets(essays),
-        "code": python_sources(),
-        "docs": language_reference_parts(),
-    }
+    return essay_sets({name: text for name, text in long_texts().items() if name.startswith(prefix)})
+
+
+GENRES: dict[str, Callable[[], dict[str, str]]] = {
+    "fiction": lambda: packaged_texts(FICTION),
+    "dialogue": lambda: packaged_texts(DIALOGUE),
+    "essays": essays,
+    "code": python_sources,
+    "docs": lambda: packaged_texts(DOCS),
+}
+
+
+def genre_texts(genres: list[str]) -> dict[str, dict[str, str]]:
+    """Texts of these genres, by genre, then by name."""
+    return {genre: GENRES[genre]() for genre in genres}

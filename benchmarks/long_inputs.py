@@ -84,14 +84,6 @@ def specextend_variants(llm: Any, variants: dict[str, dict[str, Any]]) -> Iterat
         yield name
 
 
-def retrieval_counters(llm: Any) -> dict[str, Any]:
-    from specextend_vllm import retrieval_stats
-
-    stats = retrieval_stats(llm)[0]
-    stats.pop("selections", None)
-    return stats
-
-
 def step_records(llm: Any) -> list[dict[str, Any]]:
     from specextend_vllm import step_timings
 
@@ -190,7 +182,7 @@ def results_path(args: argparse.Namespace) -> Path:
 
 def measure_one(llm: Any, method: str, prompt: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     step_records(llm)
-    retrieval_before = retrieval_counters(llm) if method.startswith("specextend") else {}
+    retrieval_before = engine.retrieval_counters(llm) if method.startswith("specextend") else {}
     [request], wall_s = engine.generate(llm, [prompt["token_ids"]], args.max_tokens)
     breakdown = engine.time_breakdown(step_records(llm), args.k + 1, request.decode_s)
     run = {
@@ -206,17 +198,13 @@ def measure_one(llm: Any, method: str, prompt: dict[str, Any], args: argparse.Na
         "time_per_step": breakdown,
     }
     if retrieval_before:
-        after = retrieval_counters(llm)
+        after = engine.retrieval_counters(llm)
         steps = max(breakdown.get("steps", 0), 1)
-        reduced_steps = after["reduced_draft_steps"] - retrieval_before["reduced_draft_steps"]
-        kept_tokens = (
-            after["mean_kept_tokens"] * after["reduced_draft_steps"]
-            - retrieval_before["mean_kept_tokens"] * retrieval_before["reduced_draft_steps"]
-        )
+        reduced_steps, mean_kept_tokens = engine.reduced_steps_between(retrieval_before, after)
         run["retrieval"] = {
             "retrievals": after["retrievals"] - retrieval_before["retrievals"],
             "reduced_draft_steps": reduced_steps,
-            "mean_kept_tokens": kept_tokens / reduced_steps if reduced_steps else None,
+            "mean_kept_tokens": mean_kept_tokens,
             "scorer_s_per_step": (after["scorer_seconds"] - retrieval_before["scorer_seconds"]) / steps,
         }
         breakdown["scorer_s"] = run["retrieval"]["scorer_s_per_step"]
@@ -375,7 +363,7 @@ def run_batch(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
                 "mean_acceptance_length": engine.mean_acceptance_length(requests),
                 "same_output_as_no_speculation": tokens == baseline,
                 "time_per_step": breakdown,
-                "retrieval": retrieval_counters(llm) if engine_name == "specextend" else None,
+                "retrieval": engine.retrieval_counters(llm) if engine_name == "specextend" else None,
             }
         )
         engine.close(llm)

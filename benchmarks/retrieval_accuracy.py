@@ -16,14 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks import engine
-from benchmarks.genres import genre_texts
+from benchmarks.genres import GENRES, genre_texts
 from benchmarks.prompts import summary_prompt
 
-# Settings compared on each prompt; `full` first, as the reference of the others.
+# Settings compared on each prompt, each on the default keys; `full` first, as the
+# reference of the others.
 SETTINGS: dict[str, dict[str, Any]] = {
     "full": {"policy": "full"},
     "streaming": {"policy": "streaming", "chunk_size": 32, "token_budget": 1024},
@@ -33,21 +35,36 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "cmr_chunk128": {"policy": "cmr", "chunk_size": 128, "token_budget": 1024},
     "cmr_chunk32_budget512": {"policy": "cmr", "chunk_size": 32, "token_budget": 512},
     "cmr_chunk32_budget2048": {"policy": "cmr", "chunk_size": 32, "token_budget": 2048},
+    "cmr_chunk32_interval1": {"policy": "cmr", "chunk_size": 32, "retrieval_interval": 1},
 }
 
 
-def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace,
+    draft: Path,
+    target: Path,
+    tokenizer: Any,
+    save: Callable[[list[dict[str, Any]]], None],
+) -> None:
+    """Runs every setting on every prompt, saving the runs after each text."""
     from tqdm import tqdm
 
     from specextend_vllm import reconfigure
+    from specextend_vllm.config import SpecExtendConfig
+
+    defaults = {key: value for key, value in SpecExtendConfig().to_dict().items() if key != "drafting"}
 
     texts = {
         genre: dict(list(by_name.items())[: args.texts_per_genre])
-        for genre, by_name in genre_texts().items()
-        if genre in args.genres
+        for genre, by_name in genre_texts(args.genres).items()
     }
     settings = {name: SETTINGS[name] for name in args.settings}
-    config = {"method": "specextend", "model": str(draft), "num_speculative_tokens": args.k}
+    config = {
+        "method": "specextend",
+        "model": str(draft),
+        "num_speculative_tokens": args.k,
+        "drafting": "always",
+    }
     llm = engine.make_llm(target, config, max(args.lengths) + args.max_tokens + 64)
     runs = []
     total = sum(len(by_name) for by_name in texts.values()) * len(args.lengths) * len(settings)
@@ -59,8 +76,10 @@ def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> 
                     prompt = summary_prompt(tokenizer, text, length)
                     for setting, keys in settings.items():
                         progress.set_postfix_str(f"{text_name} {length} {setting}")
-                        reconfigure(llm, **{**args.base_keys, **keys})
+                        reconfigure(llm, **{**defaults, **args.base_keys, **keys})
+                        before = engine.retrieval_counters(llm)
                         [request], _ = engine.generate(llm, [prompt], args.max_tokens)
+                        after = engine.retrieval_counters(llm)
                         runs.append(
                             {
                                 "genre": genre,
@@ -70,11 +89,17 @@ def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> 
                                 "mean_acceptance_length": request.mean_acceptance_length,
                                 "accepted_per_step": request.accepted_per_step,
                                 "tokens": request.tokens,
+                                **dict(
+                                    zip(
+                                        ("reduced_draft_steps", "mean_kept_tokens"),
+                                        engine.reduced_steps_between(before, after),
+                                    )
+                                ),
                             }
                         )
                         progress.update()
+                save(runs)
     engine.close(llm)
-    return {"runs": runs, "table": accuracy_table(runs)}
 
 
 def accuracy_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -156,7 +181,7 @@ def plot(results_path: Path) -> Path:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192], help="prompt lengths in tokens")
-    parser.add_argument("--genres", nargs="+", default=["fiction", "dialogue", "essays", "code", "docs"])
+    parser.add_argument("--genres", nargs="+", choices=list(GENRES), default=list(GENRES))
     parser.add_argument("--texts-per-genre", type=int, default=3)
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument(
@@ -165,6 +190,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=48, help="new tokens per request")
     parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--output", default="retrieval_accuracy", help="results file name without .json")
+    parser.add_argument("--append", action="store_true", help="add these runs to the saved ones")
     parser.add_argument("--plot-only", action="store_true", help="plot the saved results")
     return parser.parse_args()
 
@@ -179,11 +205,19 @@ def main() -> None:
     if not args.plot_only:
         draft, target = qwen_pair()
         tokenizer = AutoTokenizer.from_pretrained(target)
-        results = run(args, draft, target, tokenizer)
-        record = {"args": vars(args) | {"target": str(target), "draft": str(draft)}, "machine": engine.machine(), **results}
-        engine.RESULTS.mkdir(exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
-        for row in results["table"]:
+        earlier = json.loads(path.read_text()) if args.append else {"args": [], "runs": []}
+        record = {
+            "args": earlier["args"] + [vars(args) | {"target": str(target), "draft": str(draft)}],
+            "machine": engine.machine(),
+        }
+
+        def save(runs: list[dict[str, Any]]) -> None:
+            all_runs = earlier["runs"] + runs
+            engine.RESULTS.mkdir(exist_ok=True)
+            path.write_text(json.dumps(record | {"runs": all_runs, "table": accuracy_table(all_runs)}, indent=1))
+
+        run(args, draft, target, tokenizer, save)
+        for row in json.loads(path.read_text())["table"]:
             print(
                 f"{row['genre']:9} {row['length']:6} {row['setting']:24} "
                 f"{row['acceptance_median']:.2f} [{row['acceptance_min']:.2f}, {row['acceptance_max']:.2f}]  "

@@ -12,11 +12,13 @@ RetrievalPolicy = Literal["cmr", "streaming", "full"]
 DraftPositions = Literal["auto", "absolute", "compact"]
 RetrievalTrigger = Literal["interval", "adaptive"]
 VerificationAttention = Literal["auto", "hybrid", "native"]
+Drafting = Literal["auto", "always"]
 CHOICE_KEYS: Mapping[str, Any] = {
     "policy": RetrievalPolicy,
     "positions": DraftPositions,
     "retrieval_trigger": RetrievalTrigger,
     "verification_attention": VerificationAttention,
+    "drafting": Drafting,
 }
 
 # What `verification_attention: auto` means per device type; see `SpecExtendConfig`.
@@ -64,6 +66,10 @@ class SpecExtendConfig:
         on CPU, where vLLM's kernel does not split a multi-token query over a long prefix
         across threads; native on GPU, where FlashAttention already verifies a chain
         causally at full speed.
+    drafting: `auto` drafts `num_speculative_tokens` tokens per step where drafting pays
+        and none where it does not, per batch size, from the measured step times and
+        acceptance (vLLM's `num_speculative_tokens_per_batch_size` schedule instead, where
+        one is given); `always` drafts every step.
     """
 
     chunk_size: int = 32
@@ -74,6 +80,7 @@ class SpecExtendConfig:
     positions: DraftPositions = "auto"
     retrieval_trigger: RetrievalTrigger = "interval"
     verification_attention: VerificationAttention = "auto"
+    drafting: Drafting = "auto"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -112,7 +119,9 @@ class SpecExtendConfig:
         """Separates the method's own keys from vLLM's and validates both sets of names.
 
         Returns the method's config and vLLM's keys, with `method` set to vLLM's
-        `draft_model`, which `specextend` extends.
+        `draft_model`, which `specextend` extends. `drafting: auto` turns on vLLM's dynamic
+        speculation (one draft length for every batch size, which the method then
+        changes), or becomes `always` where the user gives a batch-size schedule.
         """
         own_keys = set(cls.keys())
         unknown = sorted(set(speculative_config) - own_keys - vllm_keys - {"method"})
@@ -141,10 +150,27 @@ class SpecExtendConfig:
         method_config = cls(
             **{key: speculative_config[key] for key in own_keys & set(speculative_config)}
         )
+        if speculative_config.get("drafting") == "auto" and speculative_config.get(
+            "num_speculative_tokens_per_batch_size"
+        ):
+            raise SpecExtendConfigError(
+                "speculative_config['drafting'] 'auto' chooses the number of draft tokens "
+                "itself and cannot follow speculative_config"
+                "['num_speculative_tokens_per_batch_size'] too: give one of them (or "
+                "drafting 'always' with the schedule)."
+            )
         vllm_config = {
             key: value for key, value in speculative_config.items() if key not in own_keys
         }
         vllm_config["method"] = "draft_model"
+        if method_config.drafting == "auto":
+            if vllm_config.get("num_speculative_tokens_per_batch_size"):
+                method_config = dataclasses.replace(method_config, drafting="always")
+            else:
+                # vLLM's dynamic speculation, which the method's choices then drive.
+                vllm_config["num_speculative_tokens_per_batch_size"] = [
+                    [1, 1, vllm_config["num_speculative_tokens"]]
+                ]
         return method_config, vllm_config
 
     def check_block_size(self, block_size: int) -> SpecExtendConfig:

@@ -159,11 +159,11 @@ class SpecExtendProposer(DraftModelProposer):
     def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
         """Replaces some of the method's keys on a running engine, for example to compare
         policies on one prefill; every request selects its chunks afresh at its next step."""
-        unknown = sorted(set(changes) - set(SpecExtendConfig.keys()))
+        allowed = set(SpecExtendConfig.keys()) - {"drafting"}
+        unknown = sorted(set(changes) - allowed)
         if unknown:
             raise ValueError(
-                f"cannot reconfigure {unknown}: not keys of method '{METHOD_NAME}'; its keys "
-                f"are {sorted(SpecExtendConfig.keys())}."
+                f"cannot reconfigure {unknown} on a running engine; allowed keys: {sorted(allowed)}."
             )
         config = dataclasses.replace(self.method_config, **changes).check_block_size(
             self.block_size

@@ -18,6 +18,8 @@ PATCHES: tuple[type[VllmPatch], ...] = (
     runner.DraftsPastTrainedLength,
     runner.WorkerReconfiguresSpecExtend,
     scheduler.SchedulerLeavesWorkingCopyBlocks,
+    scheduler.SchedulerChoosesDraftLength,
+    scheduler.SchedulerMeasuresDrafting,
     metrics.WorkerReportsRetrievalStats,
     metrics.RunnerOutputCarriesCounts,
     metrics.SchedulerStatsCarryCounts,

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from vllm.config import VllmConfig
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.outputs import ModelRunnerOutput
 
+from specextend_vllm.algorithm.draft_length import DraftLengthChooser
 from specextend_vllm.patches.base import VllmPatch
 from specextend_vllm.vllm_access import logger
-from specextend_vllm.vllm_access.config import working_copy_manager_blocks
+from specextend_vllm.vllm_access.config import specextend_config, working_copy_manager_blocks
 
 
 class SchedulerLeavesWorkingCopyBlocks(VllmPatch):
@@ -43,3 +47,98 @@ class SchedulerLeavesWorkingCopyBlocks(VllmPatch):
         SchedulerLeavesWorkingCopyBlocks.original(
             self, vllm_config, kv_cache_config, *args, **kwargs
         )
+
+
+def draft_length_chooser(scheduler: Any) -> DraftLengthChooser | None:
+    """The scheduler's chooser, made on first use; None unless `drafting` is `auto` and
+    vLLM kept dynamic speculation on (it turns it off with data parallelism, where ranks
+    must draft alike)."""
+    if _CHOOSER not in vars(scheduler):
+        chooser = None
+        vllm_config = scheduler.vllm_config
+        method_config = specextend_config(vllm_config)
+        speculative_config = vllm_config.speculative_config
+        if (
+            method_config is not None
+            and method_config.drafting == "auto"
+            and scheduler.dynamic_sd_lookup is not None
+        ):
+            chooser = DraftLengthChooser(
+                speculative_config.num_speculative_tokens,
+                vllm_config.scheduler_config.max_num_seqs,
+            )
+        setattr(scheduler, _CHOOSER, chooser)
+        setattr(scheduler, _STEP_STARTS, {})
+    return getattr(scheduler, _CHOOSER)
+
+
+_CHOOSER = "_specextend_draft_length_chooser"
+_STEP_STARTS = "_specextend_step_starts"
+
+
+class SchedulerChoosesDraftLength(VllmPatch):
+    """With `drafting: auto` the scheduler reads the number of draft tokens for the next
+    step from the chooser's table, as it would read a `num_speculative_tokens_per_batch_size`
+    schedule, and notes when each step was scheduled."""
+
+    target = Scheduler
+    attribute = "schedule"
+
+    @staticmethod
+    def replacement(self: Any, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        chooser = draft_length_chooser(self)
+        if chooser is not None:
+            self.dynamic_sd_lookup = chooser.lookup
+        scheduler_output = SchedulerChoosesDraftLength.original(self, *args, **kwargs)
+        if chooser is not None:
+            getattr(self, _STEP_STARTS)[id(scheduler_output)] = time.perf_counter()
+        return scheduler_output
+
+
+class SchedulerMeasuresDrafting(VllmPatch):
+    """Each decoding step (no request prefilling) tells the chooser how long it took, how
+    many drafts it verified and scheduled, and how many tokens each request got."""
+
+    target = Scheduler
+    attribute = "update_from_output"
+
+    @staticmethod
+    def replacement(
+        self: Any, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> Any:
+        chooser = draft_length_chooser(self)
+        if chooser is not None:
+            started = getattr(self, _STEP_STARTS).pop(id(scheduler_output), None)
+            step = decoding_step(scheduler_output, model_runner_output)
+            if started is not None and step is not None:
+                batch_size, verified_drafts, tokens_per_step = step
+                chooser.record_step(
+                    batch_size,
+                    verified_drafts,
+                    scheduler_output.num_spec_tokens_to_schedule,
+                    time.perf_counter() - started,
+                    tokens_per_step,
+                )
+        return SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)
+
+
+def decoding_step(
+    scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+) -> tuple[int, int, float | None] | None:
+    """(batch size, drafts each request verified, mean tokens each got) of a step where
+    every request verified the same number of drafts and none prefilled; None otherwise."""
+    num_scheduled = scheduler_output.num_scheduled_tokens
+    if not num_scheduled or scheduler_output.scheduled_new_reqs:
+        return None
+    drafts = scheduler_output.scheduled_spec_decode_tokens
+    verified = {len(drafts.get(request_id, ())) for request_id in num_scheduled}
+    if len(verified) != 1:
+        return None
+    [verified_drafts] = verified
+    if any(n != 1 + verified_drafts for n in num_scheduled.values()):
+        return None
+    sampled = model_runner_output.sampled_token_ids
+    index = model_runner_output.req_id_to_index
+    counts = [len(sampled[index[r]]) for r in num_scheduled if r in index and index[r] < len(sampled)]
+    tokens_per_step = sum(counts) / len(counts) if counts and verified_drafts else None
+    return len(num_scheduled), verified_drafts, tokens_per_step

@@ -1,5 +1,6 @@
-"""vLLM's batch-size schedule for the number of draft tokens works with `specextend`: it
-drafts for a lone request, steps back from drafting for a full batch, and stays lossless."""
+"""Fewer drafts where drafting cannot pay, losslessly: vLLM's batch-size schedule for the
+number of draft tokens, and the method's own choice from measured step times
+(`drafting: auto`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from tests.harness import MAX_TOKENS, generate_ids, on_engine, spec_decode_counts, specextend_config
+from tests.harness import (
+    MAX_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    generate_ids,
+    on_engine,
+    spec_decode_counts,
+    specextend_config,
+)
+from tests.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.engine
 
@@ -32,3 +41,24 @@ def test_drafting_follows_the_batch_size_schedule_losslessly(
         assert drafts_in_batches < drafts_alone
 
     on_engine(tiny_models["target"], config, run)
+
+
+def test_auto_drafting_steps_back_from_a_draft_that_is_never_accepted(
+    tiny_models: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    prompts: list[list[int]],
+    plain_outputs: list[list[int]],
+) -> None:
+    """A draft unrelated to the target: each step with drafts costs more and gives one
+    token, as a plain step does. Once both are measured, the batch stops drafting."""
+    unrelated = save_tiny_model(tmp_path_factory.mktemp("unrelated") / "draft", seed=11)
+    config = specextend_config(unrelated, drafting="auto")
+
+    def run(llm: Any) -> dict[str, float]:
+        assert generate_ids(llm, prompts, MAX_TOKENS) == plain_outputs
+        return spec_decode_counts(llm)
+
+    counts = on_engine(tiny_models["target"], config, run)
+    request_steps = len(prompts) * MAX_TOKENS
+    assert 0 < counts["num_draft_tokens"] < request_steps * NUM_SPECULATIVE_TOKENS / 3
+    assert counts["num_accepted_tokens"] < counts["num_draft_tokens"] / 10

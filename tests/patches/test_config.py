@@ -65,6 +65,11 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
             {"chunk_size": 128, "token_budget": 64},
             r"\['token_budget'\] must be >= 128 \(the larger of the chunk size",
         ),
+        ({"drafting": "sometimes"}, r"\['drafting'\] must be one of \['auto', 'always'\]"),
+        (
+            {"drafting": "auto", "num_speculative_tokens_per_batch_size": [[1, 4, 3]]},
+            r"\['drafting'\] 'auto' chooses the number of draft tokens itself",
+        ),
         ({"parallel_drafting": True}, r"\['parallel_drafting'\] must be False"),
         (
             {"disable_padded_drafter_batch": True},
@@ -148,3 +153,20 @@ def test_compact_positions_must_fit_the_draft_trained_length(
     build_engine_config(
         tiny_models["target"], specextend_config(draft, positions="absolute", **keys)
     )
+
+
+def test_auto_drafting_turns_on_vllms_dynamic_speculation_unless_a_schedule_is_given() -> None:
+    from specextend_vllm.vllm_access.config import VLLM_SPECULATIVE_KEYS
+
+    user = {"method": "specextend", "model": "draft", "num_speculative_tokens": 4}
+    method_config, vllm_keys = SpecExtendConfig.split_speculative_config(user, VLLM_SPECULATIVE_KEYS)
+    assert method_config.drafting == "auto"
+    assert vllm_keys["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
+
+    schedule = [[1, 2, 4], [3, 64, 0]]
+    with_schedule = {**user, "num_speculative_tokens_per_batch_size": schedule}
+    method_config, vllm_keys = SpecExtendConfig.split_speculative_config(
+        with_schedule, VLLM_SPECULATIVE_KEYS
+    )
+    assert method_config.drafting == "always"
+    assert vllm_keys["num_speculative_tokens_per_batch_size"] == schedule

@@ -1,0 +1,144 @@
+"""Whether drafting pays, per batch size, from measured step times and acceptance.
+
+A decoding step with k drafts gives each request `tokens_per_step` tokens (1 + accepted
+drafts) in `step_seconds(k)`; a step with none gives 1 token in `step_seconds(0)` (the draft
+still runs once over the new tokens, to keep its KV cache in step). Drafting pays while
+
+    tokens_per_step / step_seconds(k) >= 1 / step_seconds(0).
+
+Both step times depend on the batch size (on a CPU the target becomes compute-bound as the
+batch grows, and verifying k + 1 tokens per request costs up to k + 1 times a plain step),
+so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...). Acceptance depends on
+the requests, not the batch size: one moving average for all. Each bucket measures drafting
+first, then not drafting, then keeps the better one, trying the other again for a few steps
+every `EXPLORATION_PERIOD` steps, so a changed workload changes the choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Weight of a new measurement in the moving averages.
+SMOOTHING = 0.2
+# Steps measured with each choice before the bucket compares them.
+MIN_SAMPLES = 3
+# Every this many steps of a bucket, it measures the choice it is not making...
+EXPLORATION_PERIOD = 64
+# ...for this many steps (the first of them, a switch, is not measured).
+EXPLORATION_STEPS = 4
+# The other choice must be this much better to replace the current one.
+SWITCH_MARGIN = 1.05
+
+
+def batch_size_bucket(batch_size: int) -> int:
+    """1 -> 0, 2-3 -> 1, 4-7 -> 2, 8-15 -> 3, ...
+
+    >>> [batch_size_bucket(b) for b in (1, 2, 3, 4, 7, 8, 300)]
+    [0, 1, 1, 2, 2, 3, 8]
+    """
+    return max(batch_size, 1).bit_length() - 1
+
+
+@dataclasses.dataclass
+class MovingAverage:
+    value: float = 0.0
+    samples: int = 0
+
+    def add(self, measurement: float) -> None:
+        self.value = measurement if not self.samples else (
+            (1 - SMOOTHING) * self.value + SMOOTHING * measurement
+        )
+        self.samples += 1
+
+
+@dataclasses.dataclass
+class BucketState:
+    drafting_step_s: MovingAverage = dataclasses.field(default_factory=MovingAverage)
+    plain_step_s: MovingAverage = dataclasses.field(default_factory=MovingAverage)
+    prefers_drafting: bool = True
+    steps: int = 0
+    exploring_for: int = 0
+
+    def measured(self) -> bool:
+        return min(self.drafting_step_s.samples, self.plain_step_s.samples) >= MIN_SAMPLES
+
+    def drafts(self) -> bool:
+        """What the bucket schedules now: each choice until measured, then the preferred
+        one, or the other one while exploring."""
+        if self.drafting_step_s.samples < MIN_SAMPLES:
+            return True
+        if self.plain_step_s.samples < MIN_SAMPLES:
+            return False
+        return self.prefers_drafting != (self.exploring_for > 0)
+
+
+class DraftLengthChooser:
+    """Chooses, per batch size, between `num_speculative_tokens` drafts and none.
+
+    `lookup` is the table vLLM's scheduler reads (`dynamic_sd_lookup`: draft tokens by
+    batch size); `record_step` feeds it one decoding step's measurements.
+
+    Drafting costs 0.5 s a step for 2.5 tokens, a plain step 0.3 s for 1: drafting pays
+    at batch 1 (5 tokens/s against 3.3). At batch 8 it costs 1.5 s for 2.5 tokens against
+    0.35 s for 1: it does not (1.7 tokens/s against 2.9).
+
+    >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=8)
+    >>> for _ in range(MIN_SAMPLES):
+    ...     chooser.record_step(1, 4, 4, 0.5, tokens_per_step=2.5)
+    ...     chooser.record_step(8, 4, 4, 1.5, tokens_per_step=2.5)
+    >>> for _ in range(MIN_SAMPLES):
+    ...     chooser.record_step(1, 0, 0, 0.3)
+    ...     chooser.record_step(8, 0, 0, 0.35)
+    >>> chooser.lookup[1], chooser.lookup[8]
+    (4, 0)
+    """
+
+    def __init__(self, num_speculative_tokens: int, max_batch_size: int):
+        self.num_speculative_tokens = num_speculative_tokens
+        self.buckets = [BucketState() for _ in range(batch_size_bucket(max_batch_size) + 1)]
+        self.tokens_per_drafting_step = MovingAverage()
+        self.lookup = [num_speculative_tokens] * (max_batch_size + 1)
+
+    def record_step(
+        self,
+        batch_size: int,
+        verified_drafts: int,
+        next_drafts: int,
+        step_seconds: float,
+        tokens_per_step: float | None = None,
+    ) -> None:
+        """One decoding step of `batch_size` requests, none prefilling: each verified
+        `verified_drafts` drafts (on average `tokens_per_step` tokens came out) and the
+        step scheduled `next_drafts` for the next one. Steps that switch between drafting
+        and not, or draft another number of tokens, measure neither choice."""
+        index = min(batch_size_bucket(batch_size), len(self.buckets) - 1)
+        bucket = self.buckets[index]
+        if verified_drafts == next_drafts == self.num_speculative_tokens:
+            bucket.drafting_step_s.add(step_seconds)
+            if tokens_per_step is not None:
+                self.tokens_per_drafting_step.add(tokens_per_step)
+        elif verified_drafts == next_drafts == 0:
+            bucket.plain_step_s.add(step_seconds)
+        bucket.steps += 1
+        if bucket.measured():
+            self._update_preference(bucket)
+            if bucket.exploring_for:
+                bucket.exploring_for -= 1
+            elif bucket.steps % EXPLORATION_PERIOD == 0:
+                bucket.exploring_for = EXPLORATION_STEPS
+        self._write_lookup(index, bucket.drafts())
+
+    def _update_preference(self, bucket: BucketState) -> None:
+        drafting_rate = self.tokens_per_drafting_step.value / bucket.drafting_step_s.value
+        plain_rate = 1.0 / bucket.plain_step_s.value
+        if bucket.prefers_drafting:
+            bucket.prefers_drafting = plain_rate <= SWITCH_MARGIN * drafting_rate
+        else:
+            bucket.prefers_drafting = drafting_rate > SWITCH_MARGIN * plain_rate
+
+    def _write_lookup(self, index: int, drafts: bool) -> None:
+        first = 1 << index
+        last = min((first << 1) - 1, len(self.lookup) - 1)
+        self.lookup[first : last + 1] = [self.num_speculative_tokens if drafts else 0] * (
+            last + 1 - first
+        )
