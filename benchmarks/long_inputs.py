@@ -156,11 +156,12 @@ def run_lengths(
                     else iter([engine_name])
                 )
                 for method in methods:
-                    progress.set_postfix_str(f"{method} {prompt['length']}")
-                    run = measure_one(llm, method, prompt, args)
-                    prefill_ttft = run["ttft_s"] if prefill_ttft is None else prefill_ttft
-                    run["engine_ttft_s"] = prefill_ttft
-                    runs.append(run)
+                    for repeat in range(args.repeats):
+                        progress.set_postfix_str(f"{method} {prompt['length']} run {repeat + 1}")
+                        run = measure_one(llm, method, prompt, args) | {"repeat": repeat}
+                        prefill_ttft = run["ttft_s"] if prefill_ttft is None else prefill_ttft
+                        run["engine_ttft_s"] = prefill_ttft
+                        runs.append(run)
                     progress.update()
             engine.close(llm)
             del llm
@@ -224,12 +225,21 @@ def speed_table(runs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
                 for r in group
             ]
             generated = sum(len(r["tokens"]) for r in group)
+            repeats = sorted({r.get("repeat", 0) for r in group})
+            rate_per_repeat = [
+                sum(len(r["tokens"]) - 1 for r in group if r.get("repeat", 0) == repeat)
+                / sum(r["decode_s"] for r in group if r.get("repeat", 0) == repeat)
+                for repeat in repeats
+            ]
             rows.append(
                 {
                     "method": method,
                     "length": length,
                     "prompts": len(group),
                     "decode_tokens_per_s": sum(len(r["tokens"]) - 1 for r in group) / sum(r["decode_s"] for r in group),
+                    "decode_tokens_per_s_min": min(rate_per_repeat),
+                    "decode_tokens_per_s_max": max(rate_per_repeat),
+                    "repeats": len(repeats),
                     "end_to_end_tokens_per_s": generated / sum(r["engine_ttft_s"] + r["decode_s"] for r in group),
                     "ttft_s": sum(r["engine_ttft_s"] for r in group) / len(group),
                     "mean_acceptance_length": engine.mean_acceptance_length(requests),
@@ -436,6 +446,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, help="new tokens per request")
     parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name")
     parser.add_argument("--texts-per-length", type=int, default=2, help="speed, tiny_draft: prompts per length")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="speed, tiny_draft, verification: decode each prompt this many times per method "
+        "(the prefix cache keeps its prefill); tables give the spread of decode tokens/s",
+    )
     parser.add_argument(
         "--append",
         action="store_true",

@@ -8,7 +8,8 @@ copies), and hands the draft a reduced block table.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -76,6 +77,7 @@ class SpecExtendProposer(DraftModelProposer):
         self.retrieval_state: RetrievalState | None = None
         self.chunk_scorer: ChunkScorer | None = None
         self._reduced_view: ReducedDraftView | None = None
+        self._copies_after_first_pass: Callable[[], None] | None = None
         self._reduced_block_table: torch.Tensor | None = None
         self.rotation: DraftRotation | None = None
         self.trained_length = draft_trained_length(vllm_config.speculative_config)
@@ -223,7 +225,7 @@ class SpecExtendProposer(DraftModelProposer):
                 common_attn_metadata,
             )
         try:
-            return super().propose(
+            drafts = super().propose(
                 num_speculative_tokens=num_speculative_tokens,
                 target_token_ids=target_token_ids,
                 target_positions=target_positions,
@@ -234,13 +236,20 @@ class SpecExtendProposer(DraftModelProposer):
                 sampling_metadata=sampling_metadata,
                 **kwargs,
             )
+        except BaseException:
+            self._copies_after_first_pass = None
+            raise
         finally:
             self._reduced_view = None
+        self._build_copies_after_first_pass()
+        return drafts
 
     def build_per_group_and_layer_attn_metadata(
         self, common_attn_metadata: Any, draft_index: int = 0
     ) -> tuple[list[object], dict[str, object]]:
         view = self._reduced_view
+        if draft_index > 0:
+            self._build_copies_after_first_pass()
         if view is not None:
             num_rows = common_attn_metadata.seq_lens.shape[0]
             block_table, seq_len_offset = (
@@ -429,9 +438,16 @@ class SpecExtendProposer(DraftModelProposer):
             compact[rows],
             selected_share,
         )
-        copy_rows = rows[on_copy[rows]]
+        copy_rows = rows[on_copy[rows] & ~step.prefilling[rows]]
         if copy_rows.numel():
             self._build_working_copies(copy_rows, step.slots, compact, step.block_table)
+        prompt_rows = rows[on_copy[rows] & step.prefilling[rows]]
+        if prompt_rows.numel():
+            # Kept chunks of a prompt may lie in this step's tokens, whose draft KV the
+            # draft's first pass writes: copy them once it has run.
+            self._copies_after_first_pass = functools.partial(
+                self._build_working_copies, prompt_rows, step.slots, compact, step.block_table
+            )
         self.metrics.record_selection(
             batch_request_ids,
             rows,
@@ -470,6 +486,11 @@ class SpecExtendProposer(DraftModelProposer):
             cos_sin = rotation.cos_sin[token_shifts]
         for layer in self._draft_layers:
             copy_kept_tokens(layers.raw_kv_cache(layer), source_slots, copy_slots, cos_sin, rotation)
+
+    def _build_copies_after_first_pass(self) -> None:
+        build, self._copies_after_first_pass = self._copies_after_first_pass, None
+        if build is not None:
+            build()
 
     def _point_kept_blocks_to_working_copies(
         self,

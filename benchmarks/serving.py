@@ -1,0 +1,192 @@
+"""Serving benchmark: `vllm bench serve` against `vllm serve` on the real pair, offline.
+
+    python -m benchmarks.serving                       # 2K prompts, concurrency 1 and 4
+    python -m benchmarks.serving --length 4096 --concurrency 1 4 16 --num-prompts 16
+
+For each method (no speculation, `draft_model`, `specextend` with its default keys, so
+`drafting: auto`) one server starts on 127.0.0.1 and vLLM's own client runs the same
+prompts at each concurrency, in the order given: long prompts cut from texts of five
+genres, greedy, a fixed number of new tokens. The prefix cache stays on, as in serving, so
+the first concurrency pays the prefills and the later ones find the prompts cached and
+measure decoding under load (their time to first token is then that of a cached prompt).
+Saves benchmarks/results/serving.json (vLLM's figures per run) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import engine
+from benchmarks.genres import GENRES, genre_texts
+from benchmarks.prompts import summary_prompt
+
+VLLM_CLI = Path(sys.executable).with_name("vllm")
+START_TIMEOUT_S = 900
+SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+FIGURES = (
+    "output_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "mean_tpot_ms",
+    "completed",
+    "failed",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def speculative_configs(draft: Path, k: int) -> dict[str, dict[str, Any] | None]:
+    common = {"model": str(draft), "num_speculative_tokens": k}
+    return {
+        "no_speculation": None,
+        "draft_model": {"method": "draft_model", **common},
+        "specextend": {"method": "specextend", **common},
+    }
+
+
+def write_prompts(tokenizer: Any, length: int, num_prompts: int, path: Path) -> None:
+    """`num_prompts` prompts of `length` tokens, taking texts from each genre in turn."""
+    texts = [text for by_name in genre_texts(list(GENRES)).values() for text in by_name.values()]
+    with path.open("w") as out:
+        for index in range(num_prompts):
+            token_ids = summary_prompt(tokenizer, texts[index % len(texts)], length)
+            out.write(json.dumps({"prompt": tokenizer.decode(token_ids)}) + "\n")
+
+
+def start_server(target: Path, speculative_config: dict[str, Any] | None, port: int, max_model_len: int, log: Any) -> subprocess.Popen[bytes]:
+    command = [
+        str(VLLM_CLI), "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len),
+        "--seed", "0",
+    ]
+    if speculative_config is not None:
+        command += ["--speculative-config", json.dumps(speculative_config)]
+    return subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}, start_new_session=True
+    )
+
+
+def wait_until_ready(server: subprocess.Popen[bytes], port: int) -> None:
+    import httpx
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError("vllm serve exited; see its log")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"vllm serve not ready after {START_TIMEOUT_S} s")
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    os.killpg(server.pid, 15)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, 9)
+        server.wait(timeout=30)
+
+
+def bench_serve(target: Path, port: int, prompts: Path, args: argparse.Namespace, concurrency: int, result: Path) -> dict[str, Any]:
+    subprocess.run(
+        [
+            str(VLLM_CLI), "bench", "serve", "--backend", "vllm", "--host", "127.0.0.1",
+            "--port", str(port), "--model", str(target), "--dataset-name", "custom",
+            "--dataset-path", str(prompts), "--custom-output-len", str(args.max_tokens),
+            "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(args.num_prompts),
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
+        ],
+        check=True,
+        timeout=args.run_timeout_s,
+    )
+    return json.loads(result.read_text())
+
+
+def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any, work: Path) -> list[dict[str, Any]]:
+    prompts = work / "prompts.jsonl"
+    write_prompts(tokenizer, args.length, args.num_prompts, prompts)
+    rows = []
+    for method, speculative_config in speculative_configs(draft, args.k).items():
+        if method not in args.methods:
+            continue
+        port = free_port()
+        log_path = work / f"{method}.log"
+        print(f"[serving] {method}: starting vllm serve (log: {log_path})", flush=True)
+        with log_path.open("w") as log:
+            server = start_server(target, speculative_config, port, args.length + args.max_tokens + 256, log)
+            try:
+                wait_until_ready(server, port)
+                for concurrency in args.concurrency:
+                    print(f"[serving] {method}: concurrency {concurrency}", flush=True)
+                    figures = bench_serve(target, port, prompts, args, concurrency, work / f"{method}_{concurrency}.json")
+                    rows.append(
+                        {"method": method, "concurrency": concurrency, "length": args.length}
+                        | {key: figures.get(key) for key in FIGURES}
+                    )
+            finally:
+                stop_server(server)
+    for row in rows:
+        plain = next(r for r in rows if r["method"] == "no_speculation" and r["concurrency"] == row["concurrency"])
+        row["throughput_vs_no_speculation"] = row["output_throughput"] / plain["output_throughput"]
+    return rows
+
+
+def main() -> None:
+    from transformers import AutoTokenizer
+
+    from benchmarks.assets import qwen_pair
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, help="model folder (default: Qwen2.5-Coder 1.5B)")
+    parser.add_argument("--draft", type=Path, help="model folder (default: Qwen2.5-Coder 0.5B)")
+    parser.add_argument("--length", type=int, default=2048, help="prompt tokens")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--num-prompts", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--methods", nargs="+", default=["no_speculation", "draft_model", "specextend"])
+    parser.add_argument("--run-timeout-s", type=int, default=3600)
+    parser.add_argument("--output", default="serving", help="results file name without .json")
+    args = parser.parse_args()
+    draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    with tempfile.TemporaryDirectory(prefix="specextend-serving-") as work:
+        rows = run(args, draft, target, tokenizer, Path(work))
+    record = {"args": vars(args), "machine": engine.machine(), "table": rows}
+    path = engine.RESULTS / f"{args.output}.json"
+    path.write_text(json.dumps(record, indent=1))
+    print("method | concurrency | output tok/s | vs no spec | median TTFT ms | median ITL ms | p99 ITL ms | failed")
+    for row in rows:
+        print(
+            f"{row['method']} | {row['concurrency']} | {row['output_throughput']:.2f} | "
+            f"{row['throughput_vs_no_speculation']:.2f} | {row['median_ttft_ms']:.0f} | "
+            f"{row['median_itl_ms']:.0f} | {row['p99_itl_ms']:.0f} | {row['failed']}"
+        )
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
