@@ -71,7 +71,8 @@ def engine_configs(draft: Path, args: argparse.Namespace) -> dict[str, dict[str,
     return {
         "no_speculation": None,
         "draft_model": {"method": "draft_model", **common},
-        "specextend": {"method": "specextend", **common, **args.specextend_keys},
+        # Drafting every step, as draft_model does, so acceptance is measured at every step.
+        "specextend": {"method": "specextend", **common, "drafting": "always", **args.specextend_keys},
     }
 
 

@@ -45,8 +45,10 @@ def run(
     target: Path,
     tokenizer: Any,
     save: Callable[[list[dict[str, Any]]], None],
+    done: set[tuple[str, int]],
 ) -> None:
-    """Runs every setting on every prompt, saving the runs after each text."""
+    """Runs every setting on every prompt but those `done` (text, length), saving the runs
+    after each text."""
     from tqdm import tqdm
 
     from specextend_vllm import reconfigure
@@ -55,7 +57,11 @@ def run(
     defaults = {key: value for key, value in SpecExtendConfig().to_dict().items() if key != "drafting"}
 
     texts = {
-        genre: dict(list(by_name.items())[: args.texts_per_genre])
+        genre: {
+            name: text
+            for name, text in list(by_name.items())[: args.texts_per_genre]
+            if any((name, length) not in done for length in args.lengths)
+        }
         for genre, by_name in genre_texts(args.genres).items()
     }
     settings = {name: SETTINGS[name] for name in args.settings}
@@ -72,7 +78,7 @@ def run(
         for genre, by_name in texts.items():
             for text_name, text in by_name.items():
                 llm.reset_prefix_cache()
-                for length in sorted(args.lengths):
+                for length in sorted(length for length in args.lengths if (text_name, length) not in done):
                     prompt = summary_prompt(tokenizer, text, length)
                     for setting, keys in settings.items():
                         progress.set_postfix_str(f"{text_name} {length} {setting}")
@@ -142,6 +148,36 @@ def accuracy_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def markdown_tables(rows: list[dict[str, Any]]) -> str:
+    """One table per prompt length: genres as rows, settings as columns; each cell the
+    median over texts of the acceptance length relative to the full cache's, with the
+    full cache's own median acceptance length in the first column."""
+    tables = []
+    for length in sorted({row["length"] for row in rows}):
+        cells = {(r["genre"], r["setting"]): r for r in rows if r["length"] == length}
+        genres = list(dict.fromkeys(genre for genre, _ in cells))
+        settings = [s for s in dict.fromkeys(setting for _, setting in cells) if s != "full"]
+        lines = [
+            f"| {length} tokens | texts | full cache | " + " | ".join(settings) + " |",
+            "|---" * (len(settings) + 3) + "|",
+        ]
+        for genre in genres:
+            full = cells.get((genre, "full"))
+            values = []
+            for setting in settings:
+                row = cells.get((genre, setting))
+                values.append(
+                    "-"
+                    if row is None or row["vs_full_median"] is None
+                    else f"{row['vs_full_median']:.2f} ({row['vs_full_min']:.2f}-{row['vs_full_max']:.2f})"
+                )
+            full_cell = "-" if full is None else f"{full['acceptance_median']:.2f}"
+            texts = full["texts"] if full else "-"
+            lines.append(f"| {genre} | {texts} | {full_cell} | " + " | ".join(values) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
 def plot(results_path: Path) -> Path:
     import matplotlib
 
@@ -167,10 +203,10 @@ def plot(results_path: Path) -> Path:
         axes.axhline(1.0, color="black", linewidth=0.8)
         axes.axhline(0.95, color="grey", linewidth=0.8, linestyle="--")
         axes.set_xticks([g + 0.4 - width / 2 for g in range(len(genres))], genres)
-        axes.set_ylim(0.5, 1.15)
+        axes.set_ylim(0.5, 1.35)
         axes.set_ylabel("acceptance length / full cache's (median over texts)")
         axes.set_title(f"{length}-token prompts", fontsize=9)
-    panels[0][0].legend(fontsize=7, loc="lower left")
+    panels[0][0].legend(fontsize=6, ncol=3, loc="upper center")
     path = results_path.with_suffix(".png")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -190,8 +226,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=48, help="new tokens per request")
     parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--output", default="retrieval_accuracy", help="results file name without .json")
-    parser.add_argument("--append", action="store_true", help="add these runs to the saved ones")
-    parser.add_argument("--plot-only", action="store_true", help="plot the saved results")
+    parser.add_argument(
+        "--append", action="store_true", help="add these runs to the saved ones, skipping prompts done"
+    )
+    parser.add_argument(
+        "--plot-only", action="store_true", help="plot the saved results and print their tables"
+    )
     return parser.parse_args()
 
 
@@ -216,7 +256,8 @@ def main() -> None:
             engine.RESULTS.mkdir(exist_ok=True)
             path.write_text(json.dumps(record | {"runs": all_runs, "table": accuracy_table(all_runs)}, indent=1))
 
-        run(args, draft, target, tokenizer, save)
+        done = {(r["text"], r["length"]) for r in earlier["runs"]}
+        run(args, draft, target, tokenizer, save, done)
         for row in json.loads(path.read_text())["table"]:
             print(
                 f"{row['genre']:9} {row['length']:6} {row['setting']:24} "
@@ -224,6 +265,7 @@ def main() -> None:
                 f"vs full {row['vs_full_median']:.3f} [{row['vs_full_min']:.3f}, {row['vs_full_max']:.3f}]"
             )
         print(f"saved {path}")
+    print(markdown_tables(json.loads(path.read_text())["table"]))
     print(f"saved {plot(path)}")
 
 

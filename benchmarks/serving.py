@@ -31,7 +31,7 @@ from benchmarks.prompts import summary_prompt
 
 VLLM_CLI = Path(sys.executable).with_name("vllm")
 START_TIMEOUT_S = 900
-SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+SERVER_ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 FIGURES = (
     "output_throughput",
     "mean_ttft_ms",
@@ -70,16 +70,26 @@ def write_prompts(tokenizer: Any, length: int, num_prompts: int, path: Path) -> 
             out.write(json.dumps({"prompt": tokenizer.decode(token_ids)}) + "\n")
 
 
-def start_server(target: Path, speculative_config: dict[str, Any] | None, port: int, max_model_len: int, log: Any) -> subprocess.Popen[bytes]:
+def start_server(
+    target: Path,
+    speculative_config: dict[str, Any] | None,
+    port: int,
+    args: argparse.Namespace,
+    log: Any,
+) -> subprocess.Popen[bytes]:
     command = [
         str(VLLM_CLI), "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len),
-        "--seed", "0",
+        "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", str(args.length + args.max_tokens + 256), "--seed", "0",
     ]
     if speculative_config is not None:
         command += ["--speculative-config", json.dumps(speculative_config)]
     return subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}, start_new_session=True
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib)},
+        start_new_session=True,
     )
 
 
@@ -136,7 +146,7 @@ def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any, wor
         log_path = work / f"{method}.log"
         print(f"[serving] {method}: starting vllm serve (log: {log_path})", flush=True)
         with log_path.open("w") as log:
-            server = start_server(target, speculative_config, port, args.length + args.max_tokens + 256, log)
+            server = start_server(target, speculative_config, port, args, log)
             try:
                 wait_until_ready(server, port)
                 for concurrency in args.concurrency:
@@ -168,6 +178,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--methods", nargs="+", default=["no_speculation", "draft_model", "specextend"])
+    parser.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of each server")
     parser.add_argument("--run-timeout-s", type=int, default=3600)
     parser.add_argument("--output", default="serving", help="results file name without .json")
     args = parser.parse_args()

@@ -73,6 +73,9 @@ def draft_length_chooser(scheduler: Any) -> DraftLengthChooser | None:
 
 
 _CHOOSER = "_specextend_draft_length_chooser"
+# Steps scheduled and not yet finished are one, or a few with a batch queue; more means
+# outputs that never came back (the entries are dropped rather than kept forever).
+MAX_STEPS_IN_FLIGHT = 8
 _STEP_STARTS = "_specextend_step_starts"
 
 
@@ -91,7 +94,10 @@ class SchedulerChoosesDraftLength(VllmPatch):
             self.dynamic_sd_lookup = chooser.lookup
         scheduler_output = SchedulerChoosesDraftLength.original(self, *args, **kwargs)
         if chooser is not None:
-            getattr(self, _STEP_STARTS)[id(scheduler_output)] = time.perf_counter()
+            starts = getattr(self, _STEP_STARTS)
+            if len(starts) >= MAX_STEPS_IN_FLIGHT:
+                starts.clear()
+            starts[id(scheduler_output)] = time.perf_counter()
         return scheduler_output
 
 
