@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from specextend_vllm.algorithm.token_tree import TokenTree, TokenTreeError
+
 METHOD_NAME = "specextend"
 
 RetrievalPolicy = Literal["cmr", "streaming", "full"]
@@ -70,6 +72,11 @@ class SpecExtendConfig:
         and none where it does not, per batch size, from the measured step times and
         acceptance (vLLM's `num_speculative_tokens_per_batch_size` schedule instead, where
         one is given); `always` drafts every step.
+    tree: the shape of each step's drafts. `chain`: `num_speculative_tokens` tokens one
+        after the other. A list of paths of child ranks, such as `[[0], [1], [0, 0]]`:
+        a static token tree of `num_speculative_tokens` nodes (`[1]` is the root's second
+        most probable child, `[0, 0]` the first child of its first child), drafted one
+        depth per pass and verified in one target pass through hybrid tree attention.
     """
 
     chunk_size: int = 32
@@ -81,10 +88,14 @@ class SpecExtendConfig:
     retrieval_trigger: RetrievalTrigger = "interval"
     verification_attention: VerificationAttention = "auto"
     drafting: Drafting = "auto"
+    tree: str | tuple[tuple[int, ...], ...] = "chain"
 
     def __post_init__(self) -> None:
+        self._check_tree()
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.name == "tree":
+                continue
             if field.name in CHOICE_KEYS:
                 allowed = get_args(CHOICE_KEYS[field.name])
                 if value not in allowed:
@@ -107,6 +118,24 @@ class SpecExtendConfig:
                 f"got {self.activation_length}: a request shorter than the budget "
                 "has nothing to leave out."
             )
+
+    def _check_tree(self) -> None:
+        if self.tree == "chain":
+            return
+        if isinstance(self.tree, str) or not isinstance(self.tree, (list, tuple)):
+            raise SpecExtendConfigError(
+                "speculative_config['tree'] must be 'chain' or a list of paths of child "
+                f"ranks such as [[0], [1], [0, 0]], got {self.tree!r}."
+            )
+        try:
+            TokenTree.from_paths(self.tree)
+        except TokenTreeError as error:
+            raise SpecExtendConfigError(f"speculative_config['tree']: {error}.") from None
+        object.__setattr__(self, "tree", tuple(tuple(path) for path in self.tree))
+
+    def token_tree(self) -> TokenTree | None:
+        """The static tree, or None for a chain."""
+        return None if self.tree == "chain" else TokenTree.from_paths(self.tree)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -159,6 +188,7 @@ class SpecExtendConfig:
                 "['num_speculative_tokens_per_batch_size'] too: give one of them (or "
                 "drafting 'always' with the schedule)."
             )
+        method_config.check_tree_combination(speculative_config)
         vllm_config = {
             key: value for key, value in speculative_config.items() if key not in own_keys
         }
@@ -172,6 +202,32 @@ class SpecExtendConfig:
                     [1, 1, vllm_config["num_speculative_tokens"]]
                 ]
         return method_config, vllm_config
+
+    def check_tree_combination(self, speculative_config: Mapping[str, Any]) -> None:
+        """A static tree holds `num_speculative_tokens` nodes, verified on hybrid tree
+        attention, and is drafted whole or not at all."""
+        tree = self.token_tree()
+        if tree is None:
+            return
+        num_speculative_tokens = speculative_config["num_speculative_tokens"]
+        if tree.num_drafts != num_speculative_tokens:
+            raise SpecExtendConfigError(
+                f"speculative_config['tree'] has {tree.num_drafts} nodes, and "
+                f"speculative_config['num_speculative_tokens'] must equal that, got "
+                f"{num_speculative_tokens!r}."
+            )
+        if self.verification_attention == "native":
+            raise SpecExtendConfigError(
+                "speculative_config['verification_attention'] 'native' cannot verify a "
+                "speculative_config['tree']: vLLM's attention backends mask a chain only; "
+                "use 'hybrid' or 'auto'."
+            )
+        if speculative_config.get("num_speculative_tokens_per_batch_size"):
+            raise SpecExtendConfigError(
+                "speculative_config['num_speculative_tokens_per_batch_size'] cannot be "
+                "combined with speculative_config['tree']: a tree is drafted whole or not "
+                "at all; drafting 'auto' chooses between the two per batch size."
+            )
 
     def check_block_size(self, block_size: int) -> SpecExtendConfig:
         """Checks the chunk size and the budget against the KV cache block size, known once
@@ -210,8 +266,11 @@ class SpecExtendConfig:
             )
 
     def verification_attention_on(self, device_type: str) -> Literal["hybrid", "native"]:
+        """`auto` is hybrid for trees on every device."""
         if self.verification_attention != "auto":
             return self.verification_attention
+        if self.tree != "chain":
+            return "hybrid"
         return AUTO_VERIFICATION_ATTENTION.get(device_type, "native")
 
     def uses_compact_positions(self) -> bool:
@@ -238,4 +297,7 @@ class SpecExtendConfig:
         return self.max_kept_tokens(block_size) // self.chunk_size
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        keys = dataclasses.asdict(self)
+        if self.tree != "chain":
+            keys["tree"] = [list(path) for path in self.tree]
+        return keys

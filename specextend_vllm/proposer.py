@@ -39,8 +39,11 @@ from specextend_vllm.patches.attention import (
 )
 from specextend_vllm.patches.model import extend_draft_rotary_table
 from specextend_vllm.scoring import ChunkScorer, FinalLayerQuery
+from specextend_vllm.tree_drafting import DraftTreeAttention, DraftTreePass, TreeDrafter
+from specextend_vllm.tree_verification import TreeVerifier
 from specextend_vllm.verification import (
     HybridVerificationAttention,
+    PrefixAttention,
     cpu_prefix_attention,
     flash_attn_prefix_attention,
 )
@@ -52,7 +55,11 @@ from specextend_vllm.vllm_access.config import (
     manager_block_size,
     working_copy_manager_blocks,
 )
-from specextend_vllm.vllm_access.runner import DraftModelProposer, request_ids
+from specextend_vllm.vllm_access.runner import (
+    DraftModelProposer,
+    request_ids,
+    set_forward_context,
+)
 
 
 @dataclasses.dataclass
@@ -86,6 +93,16 @@ class SpecExtendProposer(DraftModelProposer):
         self._draft_layers: list[Any] = []
         self._verification_paths: list[tuple[AttentionLayerSeam, HybridVerificationAttention]] = []
         self._verification_blockers: list[str] = []
+        self.token_tree = self.method_config.token_tree()
+        self.tree_verifier: TreeVerifier | None = None
+        self.tree_drafter: TreeDrafter | None = None
+        self._final_layer_query: FinalLayerQuery | None = None
+        self._first_pass_sample_rows: torch.Tensor | None = None
+        self._root_hidden_states: torch.Tensor | None = None
+
+    @property
+    def _prefix_attention(self) -> PrefixAttention:
+        return flash_attn_prefix_attention if self.device.type == "cuda" else cpu_prefix_attention
 
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
@@ -96,6 +113,7 @@ class SpecExtendProposer(DraftModelProposer):
         layer = layers.target_final_attention_layer(self.vllm_config, self._draft_attn_layer_names)
         final_layer_query = FinalLayerQuery(layer.num_heads, layer.head_size)
         attention_layer_seam(layer).observe_query(final_layer_query.observe)
+        self._final_layer_query = final_layer_query
         self.chunk_scorer = ChunkScorer(
             final_layer_query,
             key_cache_view=lambda: layers.key_cache_view(layer),
@@ -110,9 +128,6 @@ class SpecExtendProposer(DraftModelProposer):
     def _prepare_verification_paths(self) -> None:
         """One hybrid verification path per target attention layer, routed or not by
         `verification_attention`."""
-        prefix_attention = (
-            flash_attn_prefix_attention if self.device.type == "cuda" else cpu_prefix_attention
-        )
         target_layers = layers.target_attention_layers(
             self.vllm_config, self._draft_attn_layer_names
         )
@@ -125,9 +140,10 @@ class SpecExtendProposer(DraftModelProposer):
                 HybridVerificationAttention(
                     layer.impl.scale,
                     self.num_speculative_tokens + 1,
-                    prefix_attention,
+                    self._prefix_attention,
                     lambda layer=layer: layers.has_supported_cache_layout(layer),
                     self.metrics.record_hybrid_verification if index == 0 else None,
+                    self._tree_attention_step if self.token_tree is not None else None,
                 ),
             )
             for index, layer in enumerate(target_layers)
@@ -157,11 +173,36 @@ class SpecExtendProposer(DraftModelProposer):
             reserved * kernel_blocks_per_manager_block,
         )
         self.retrieval_state = self._new_retrieval_state()
+        if self.token_tree is not None:
+            self._prepare_trees()
+
+    def _prepare_trees(self) -> None:
+        """The tree verifier for the target's steps, and tree attention in every draft
+        layer (used by tree passes only)."""
+        assert self.token_tree is not None and self._final_layer_query is not None
+        target_layers = layers.target_attention_layers(
+            self.vllm_config, self._draft_attn_layer_names
+        )
+        self.tree_verifier = TreeVerifier(
+            self.token_tree,
+            self.device,
+            lambda: [layers.raw_kv_cache(layer) for layer in target_layers],
+            self._final_layer_query,
+            self.block_size,
+        )
+        self.tree_drafter = TreeDrafter(self.token_tree, self.device, self.block_size)
+        for index, layer in enumerate(self._draft_layers):
+            attention_layer_seam(layer).compute_with(
+                DraftTreeAttention(index, layer.impl.scale, self._prefix_attention)
+            )
+
+    def _tree_attention_step(self) -> Any:
+        return None if self.tree_verifier is None else self.tree_verifier.attention_step()
 
     def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
         """Replaces some of the method's keys on a running engine, for example to compare
         policies on one prefill; every request selects its chunks afresh at its next step."""
-        allowed = set(SpecExtendConfig.keys()) - {"drafting"}
+        allowed = set(SpecExtendConfig.keys()) - {"drafting", "tree"}
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise ValueError(
@@ -217,16 +258,19 @@ class SpecExtendProposer(DraftModelProposer):
         sampling_metadata: Any,
         **kwargs: Any,
     ) -> torch.Tensor:
+        view = None
         if self.method_config.policy != "full" and self.retrieval_state is not None:
-            self._reduced_view = self._plan_reduced_view(
+            view = self._plan_reduced_view(
                 num_speculative_tokens,
                 target_positions,
                 token_indices_to_sample,
                 common_attn_metadata,
             )
+        self._reduced_view = view
+        drafts_tree = self.tree_drafter is not None and num_speculative_tokens > 0
         try:
             drafts = super().propose(
-                num_speculative_tokens=num_speculative_tokens,
+                num_speculative_tokens=1 if drafts_tree else num_speculative_tokens,
                 target_token_ids=target_token_ids,
                 target_positions=target_positions,
                 target_hidden_states=target_hidden_states,
@@ -242,7 +286,61 @@ class SpecExtendProposer(DraftModelProposer):
         finally:
             self._reduced_view = None
         self._build_copies_after_first_pass()
+        if drafts_tree:
+            drafts = self._draft_tree(view, common_attn_metadata)
         return drafts
+
+    def set_inputs_first_pass(self, *args: Any, **kwargs: Any) -> Any:
+        num_tokens, sample_rows, metadata = super().set_inputs_first_pass(*args, **kwargs)
+        self._first_pass_sample_rows = sample_rows
+        return num_tokens, sample_rows, metadata
+
+    def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any) -> Any:
+        if self.tree_drafter is not None:
+            self._root_hidden_states = hidden_states
+        return super()._sample_draft_tokens(hidden_states, sampling_metadata)
+
+    def _draft_tree(self, view: ReducedDraftView | None, common_attn_metadata: Any) -> torch.Tensor:
+        """Drafts the rest of the tree below the roots the first pass has drafted from."""
+        assert self.tree_drafter is not None
+        root_hidden_states, self._root_hidden_states = self._root_hidden_states, None
+        assert root_hidden_states is not None and self._first_pass_sample_rows is not None
+        num_reqs = root_hidden_states.shape[0]
+        root_positions = self.positions[self._first_pass_sample_rows].long()[:num_reqs]
+        block_table = common_attn_metadata.block_table_tensor[:num_reqs]
+        reduced_block_table, offsets = block_table, torch.zeros_like(root_positions)
+        if view is not None:
+            reduced_block_table = view.block_table[:num_reqs]
+            offsets = view.seq_len_offset[:num_reqs].long()
+        layer = self._draft_layers[0]
+        return self.tree_drafter.draft(
+            root_logits=self.model.compute_logits(root_hidden_states),
+            root_positions=root_positions,
+            block_table=block_table,
+            reduced_block_table=reduced_block_table,
+            reduced_prefix_lens=root_positions + 1 - offsets,
+            kv_shape=(layer.num_kv_heads, layer.head_size, self.dtype),
+            num_layers=len(self._draft_layers),
+            forward=self._tree_pass_forward,
+            compute_logits=self.model.compute_logits,
+        )
+
+    def _tree_pass_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        tree_pass: DraftTreePass,
+    ) -> torch.Tensor:
+        names = self._draft_attn_layer_names
+        with set_forward_context(
+            {name: tree_pass for name in names},
+            self.vllm_config,
+            num_tokens=input_ids.shape[0],
+            slot_mapping={name: slot_mapping for name in names},
+        ):
+            hidden_states = self.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
+        return hidden_states[0] if self.model_returns_tuple() else hidden_states
 
     def build_per_group_and_layer_attn_metadata(
         self, common_attn_metadata: Any, draft_index: int = 0

@@ -9,6 +9,7 @@ draft's layers stay on vLLM's kernel.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -85,9 +86,54 @@ def flash_attn_prefix_attention(
     return output, lse
 
 
+@dataclasses.dataclass(frozen=True)
+class TreeAttentionStep:
+    """The requests that verify a token tree this step, and every request's mask over
+    its query tokens: [R, L, L] bool, the tree's ancestor mask for those requests and a
+    causal mask for the others."""
+
+    tree_requests: torch.Tensor
+    masks: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class SubBatch:
+    """Some requests of a verification batch, their query tokens packed."""
+
+    num_actual_tokens: int
+    max_query_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: VerificationBatch, requests: torch.Tensor) -> tuple[SubBatch, torch.Tensor]:
+        """The sub-batch of `requests` ([Rs] long), and the batch rows of its tokens."""
+        starts = batch.query_start_loc[requests].long()
+        query_lens = batch.query_start_loc[requests + 1].long() - starts
+        query_start_loc = torch.zeros(requests.shape[0] + 1, dtype=torch.int32, device=starts.device)
+        torch.cumsum(query_lens, 0, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        token_rows = torch.arange(num_tokens, device=starts.device) + (
+            starts - query_start_loc[:-1].long()
+        ).repeat_interleave(query_lens, output_size=num_tokens)
+        return (
+            cls(
+                num_tokens,
+                int(query_lens.max()),
+                query_start_loc,
+                batch.seq_lens[requests],
+                batch.block_table[requests],
+            ),
+            token_rows,
+        )
+
+
 class HybridVerificationAttention:
     """Stands in for a target layer's attention on verification batches: those whose
-    requests each bring 2 to `max_verified_tokens` new tokens."""
+    requests each bring 2 to `max_verified_tokens` new tokens, and, with token trees,
+    every batch holding a request that verifies a tree (the others of a batch that also
+    holds prompt chunks stay on vLLM's attention)."""
 
     def __init__(
         self,
@@ -96,6 +142,7 @@ class HybridVerificationAttention:
         prefix_attention: PrefixAttention,
         cache_layout_supported: Callable[[], bool],
         on_verification: Callable[[], None] | None = None,
+        tree_step: Callable[[], TreeAttentionStep | None] | None = None,
     ):
         self.scale = scale
         self.max_verified_tokens = max_verified_tokens
@@ -103,8 +150,11 @@ class HybridVerificationAttention:
         self._cache_layout_supported = cache_layout_supported
         self._cache_layout_ok: bool | None = None
         self._on_verification = on_verification
+        self._tree_step = tree_step or (lambda: None)
 
     def handles(self, batch: Any) -> bool:
+        if self._tree_step() is not None:
+            return self._reads_cache_layout()
         max_query_len = getattr(batch, "max_query_len", 0)
         return 2 <= max_query_len <= self.max_verified_tokens and self._reads_cache_layout()
 
@@ -127,9 +177,37 @@ class HybridVerificationAttention:
         raw_kv_cache: torch.Tensor,
         batch: VerificationBatch,
         output: torch.Tensor,
+        backend: Callable[[], Any],
     ) -> torch.Tensor:
         """query, output: [num_tokens, Hq, D]; key, value: [num_tokens, Hkv, D] (rows
         past `batch.num_actual_tokens` are padding and left alone)."""
+        tree_step = self._tree_step()
+        if tree_step is None or batch.max_query_len <= self.max_verified_tokens:
+            masks = None if tree_step is None else tree_step.masks
+            self._hybrid(query, key, value, raw_kv_cache, batch, output, masks)
+        else:
+            backend()
+            sub_batch, rows = SubBatch.of(batch, tree_step.tree_requests)
+            sub_output = output.new_empty(rows.shape[0], *output.shape[1:])
+            self._hybrid(
+                query[rows], key[rows], value[rows], raw_kv_cache, sub_batch, sub_output,
+                tree_step.masks[tree_step.tree_requests],
+            )
+            output[rows] = sub_output
+        if self._on_verification is not None:
+            self._on_verification()
+        return output
+
+    def _hybrid(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        raw_kv_cache: torch.Tensor,
+        batch: VerificationBatch,
+        output: torch.Tensor,
+        masks: torch.Tensor | None,
+    ) -> None:
         num_tokens = batch.num_actual_tokens
         num_reqs = batch.seq_lens.shape[0]
         query_start_loc = batch.query_start_loc[: num_reqs + 1]
@@ -146,8 +224,6 @@ class HybridVerificationAttention:
             query_start_loc,
             batch.max_query_len,
             self.scale,
+            None if masks is None else masks[:num_reqs],
         )
         merge_attn_states(output[:num_tokens], prefix_output, prefix_lse, tree_output, tree_lse)
-        if self._on_verification is not None:
-            self._on_verification()
-        return output

@@ -75,3 +75,44 @@ def tree_attention(
     output[token_rows] = padded_output[is_token].reshape(-1, num_q_heads, head_dim)
     token_lse[:, token_rows] = lse.permute(1, 2, 0, 3)[:, :, is_token].reshape(num_q_heads, -1)
     return output, token_lse
+
+
+def attention_to_nodes(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's W query nodes attend to the M nodes of its tree held so far.
+
+    query: [R, W, Hq, D]; key, value: [R, M, Hkv, D]; allowed: [W, M] bool, the same
+    for every request. Returns (output [R * W, Hq, D] float32, lse [Hq, R * W] float32);
+    a row allowed no node gets output 0 and lse -inf.
+
+    One request, one head, D=1: the node attends to itself (logit ln 3, value 5) and to
+    its parent (logit 0, value 1), not to node 1:
+
+    >>> import math
+    >>> out, lse = attention_to_nodes(
+    ...     query=torch.tensor([[[[1.0]]]]),
+    ...     key=torch.tensor([[[[0.0]], [[9.0]], [[math.log(3.0)]]]]),
+    ...     value=torch.tensor([[[[1.0]], [[7.0]], [[5.0]]]]),
+    ...     allowed=torch.tensor([[True, False, True]]),
+    ...     scale=1.0,
+    ... )
+    >>> out.flatten().tolist(), [round(x, 4) for x in lse.flatten().tolist()]
+    ([4.0], [1.3863])
+    """
+    num_reqs, width, num_q_heads, head_dim = query.shape
+    num_kv_heads = key.shape[2]
+    grouped_query = query.float().view(num_reqs, width, num_kv_heads, -1, head_dim)
+    logits = torch.einsum("rwkgd,rmkd->rkgwm", grouped_query, key.float()) * scale
+    logits = logits.masked_fill(~allowed[None, None, None], float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)  # [R, Hkv, G, W]
+    probs = torch.exp(logits - lse[..., None].clamp(min=torch.finfo(torch.float32).min))
+    output = torch.einsum("rkgwm,rmkd->rwkgd", probs, value.float())
+    return (
+        output.reshape(num_reqs * width, num_q_heads, head_dim),
+        lse.permute(1, 2, 0, 3).reshape(num_q_heads, num_reqs * width),
+    )

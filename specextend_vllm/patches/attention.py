@@ -33,7 +33,11 @@ class AttentionPath(Protocol):
         kv_cache: torch.Tensor,
         attn_metadata: Any,
         output: torch.Tensor,
-    ) -> torch.Tensor: ...
+        backend: Callable[[], Any],
+    ) -> torch.Tensor:
+        """`backend()` runs the backend's forward into `output`, for paths that
+        compute some rows only."""
+        ...
 
 
 class AttentionLayerSeam:
@@ -73,7 +77,12 @@ class AttentionLayerSeam:
             and kwargs.get("output_scale") is None
             and path.handles(attn_metadata)
         ):
-            return path(query, key, value, kv_cache, attn_metadata, output)
+            return path(
+                query, key, value, kv_cache, attn_metadata, output,
+                lambda: self.backend_forward(
+                    layer, query, key, value, kv_cache, attn_metadata, output=output, **kwargs
+                ),
+            )
         return self.backend_forward(
             layer, query, key, value, kv_cache, attn_metadata, output=output, **kwargs
         )

@@ -48,6 +48,11 @@ class SpeculativeConfigFromDict(VllmPatch):
             self.speculative_config = user_config
         if not speculative_config.use_heterogeneous_vocab:
             speculative_config.verify_equal_vocab_size_if_draft_model()
+        elif method_config.tree != "chain":
+            raise SpecExtendConfigError(
+                "speculative_config['tree'] needs a draft with the target's tokenizer; this "
+                "draft's vocabulary differs (cross-tokenizer drafts draft chains only)."
+            )
         method_config.check_draft_trained_length(draft_trained_length(speculative_config))
         self._specextend_config = method_config
         return speculative_config
@@ -66,6 +71,12 @@ class EngineConfigCarriesSpecExtend(VllmPatch):
         if method_config is None:
             return vllm_config
         method_config.check_block_size(vllm_config.cache_config.block_size)
+        logprobs_mode = vllm_config.model_config.logprobs_mode
+        if method_config.tree != "chain" and logprobs_mode not in ("raw_logprobs", "raw_logits"):
+            raise SpecExtendConfigError(
+                f"logprobs_mode {logprobs_mode!r} cannot be used with "
+                "speculative_config['tree']: trees report raw_logprobs or raw_logits."
+            )
         if not isinstance(vllm_config.additional_config, dict):
             raise ValueError(
                 f"method '{METHOD_NAME}' needs additional_config to be a dict, "

@@ -14,6 +14,7 @@ from specextend_vllm.config import METHOD_NAME
 from specextend_vllm.patches.base import VllmPatch
 from specextend_vllm.vllm_access.config import specextend_config
 from specextend_vllm.vllm_access.runner import DraftModelProposer
+from specextend_vllm.vllm_access.sampling import step_slot_mapping
 
 
 class _ProposerSelector(type):
@@ -89,3 +90,48 @@ class WorkerReconfiguresSpecExtend(VllmPatch):
         if reconfigure is None:
             raise ValueError(f"this engine does not run method '{METHOD_NAME}'")
         return reconfigure(changes).to_dict()
+
+
+def _tree_verifier(runner: Any) -> Any:
+    return getattr(getattr(runner, "drafter", None), "tree_verifier", None)
+
+
+class TreePositionsAndMasks(VllmPatch):
+    """With token trees, each step's drafted nodes go to positions by depth once vLLM
+    has laid out the step (their KV slots stay in flat order), and the hybrid
+    verification attention gets the step's masks."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_prepare_inputs"
+
+    @staticmethod
+    def replacement(self: Any, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
+        prepared = TreePositionsAndMasks.original(self, scheduler_output, num_scheduled_tokens)
+        verifier = _tree_verifier(self)
+        if verifier is not None:
+            verifier.plan(prepared[1], self.positions)
+        return prepared
+
+
+class TreeSampling(VllmPatch):
+    """With token trees, verification accepts the longest path of the tree in place of
+    vLLM's chain rejection sampler, then leaves the step as the chain of that path."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_sample"
+
+    @staticmethod
+    def replacement(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+        verifier = _tree_verifier(self)
+        if verifier is None or spec_decode_metadata is None or verifier.step is None:
+            return TreeSampling.original(self, logits, spec_decode_metadata)
+        self.input_batch.update_async_output_token_ids()
+        sampler_output, paths = verifier.sample(
+            logits,
+            spec_decode_metadata.cu_num_sampled_tokens,
+            self.input_batch.sampling_metadata,
+            self.sampler,
+            self.input_ids.gpu,
+        )
+        verifier.leave_chain(paths, self.input_ids.gpu, self.positions, step_slot_mapping(self))
+        return sampler_output

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specextend_vllm.ops.tree_attention import tree_attention
+from specextend_vllm.ops.tree_attention import attention_to_nodes, tree_attention
 
 HEAD_DIM = 32
 
@@ -84,3 +84,26 @@ def test_a_chain_mask_equals_the_causal_default() -> None:
     causal = tree_attention(query, key, value, query_start_loc, 4, 0.2)
     masked = tree_attention(query, key, value, query_start_loc, 4, 0.2, chain)
     torch.testing.assert_close(causal, masked)
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (8, 2)])
+def test_attention_to_nodes_matches_dense_attention(num_q_heads: int, num_kv_heads: int) -> None:
+    """Nodes of one depth attend to the tree held so far, each to its own ancestors."""
+    generator = torch.Generator().manual_seed(num_q_heads)
+    num_reqs, num_nodes = 3, 9
+    full_mask = random_tree_mask(num_nodes, generator)
+    nodes = torch.tensor([3, 5, 6])
+    query = torch.randn(num_reqs, len(nodes), num_q_heads, HEAD_DIM, generator=generator)
+    key = torch.randn(num_reqs, num_nodes, num_kv_heads, HEAD_DIM, generator=generator)
+    value = torch.randn(num_reqs, num_nodes, num_kv_heads, HEAD_DIM, generator=generator)
+    allowed = full_mask[nodes]
+    output, lse = attention_to_nodes(query, key, value, allowed, 0.3)
+    for request in range(num_reqs):
+        for row, node in enumerate(nodes.tolist()):
+            expected, expected_lse = dense_attention(
+                query[request, row : row + 1], key[request], value[request],
+                allowed[row : row + 1], 0.3,
+            )
+            flat = request * len(nodes) + row
+            torch.testing.assert_close(output[flat], expected[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(lse[:, flat], expected_lse[:, 0], rtol=1e-5, atol=1e-5)

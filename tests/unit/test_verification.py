@@ -14,6 +14,7 @@ import torch
 from specextend_vllm import kv_cache_layout, ops
 from specextend_vllm.verification import (
     HybridVerificationAttention,
+    TreeAttentionStep,
     cpu_prefix_attention,
     flash_attn_prefix_attention,
 )
@@ -93,17 +94,23 @@ def verification_batch(layout: str, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def causal_attention(data: dict[str, Any], scale: float) -> torch.Tensor:
+def causal_attention(
+    data: dict[str, Any], scale: float, new_token_masks: dict[int, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Each request's new tokens over its whole sequence: the prefix, then the new
+    tokens causally, or under `new_token_masks[request]` ([L, L] bool)."""
     outputs = []
     start = 0
-    for prefix_len, query_len, keys, values in zip(
-        PREFIX_LENS, QUERY_LENS, data["dense_keys"], data["dense_values"]
+    for request, (prefix_len, query_len, keys, values) in enumerate(
+        zip(PREFIX_LENS, QUERY_LENS, data["dense_keys"], data["dense_values"])
     ):
         query = data["query"][start : start + query_len]
         group = NUM_Q_HEADS // NUM_KV_HEADS
         logits = torch.einsum("qhd,khd->hqk", query, keys.repeat_interleave(group, 1)) * scale
         positions = prefix_len + torch.arange(query_len)
         visible = torch.arange(keys.shape[0])[None, :] <= positions[:, None]
+        if new_token_masks and request in new_token_masks:
+            visible[:, prefix_len:] = new_token_masks[request][:query_len, :query_len]
         probs = logits.masked_fill(~visible[None], float("-inf")).softmax(-1)
         outputs.append(torch.einsum("hqk,khd->qhd", probs, values.repeat_interleave(group, 1)))
         start += query_len
@@ -122,7 +129,7 @@ def test_hybrid_verification_equals_causal_attention_over_the_whole_sequence(lay
     path = HybridVerificationAttention(scale, max(QUERY_LENS), prefix_attention, lambda: True)
     output = torch.full_like(data["query"], 7.0)
     assert path.handles(data["batch"])
-    path(data["query"], data["key"], data["value"], data["raw"], data["batch"], output)
+    path(data["query"], data["key"], data["value"], data["raw"], data["batch"], output, None)
     num_tokens = data["batch"].num_actual_tokens
     torch.testing.assert_close(output[:num_tokens], causal_attention(data, scale), rtol=1e-5, atol=1e-5)
     assert (output[num_tokens:] == 7.0).all()
@@ -136,3 +143,54 @@ def test_only_verification_batches_in_a_readable_layout_are_handled() -> None:
     assert not path.handles(SimpleNamespace(max_query_len=3))
     assert not path.handles(SimpleNamespace(max_query_len=2))
     assert checks == [1]
+
+
+def tree_step(requests: list[int]) -> tuple[TreeAttentionStep, dict[int, torch.Tensor]]:
+    """Requests in `requests` verify trees (a star for the first, a branching tree for
+    the others); the rest are causal."""
+    longest = max(QUERY_LENS)
+    causal = torch.ones(longest, longest, dtype=torch.bool).tril()
+    star = torch.eye(longest, dtype=torch.bool)
+    star[:, 0] = True
+    branching = causal.clone()
+    branching[2, 1] = False  # node 2 is a second child of the root
+    branching[3:, 2] = False  # nodes 3.. descend from node 1
+    tree_masks = {request: star if index == 0 else branching for index, request in enumerate(requests)}
+    masks = torch.stack([tree_masks.get(r, causal) for r in range(len(QUERY_LENS))])
+    return TreeAttentionStep(torch.tensor(requests), masks), tree_masks
+
+
+def test_hybrid_verification_of_trees_masks_each_tree_by_its_ancestors() -> None:
+    data = verification_batch("cpu_vec", seed=1)
+    step, tree_masks = tree_step([0, 2])
+    scale = HEAD_DIM**-0.5
+    path = HybridVerificationAttention(
+        scale, max(QUERY_LENS), cpu_prefix_attention, lambda: True, tree_step=lambda: step
+    )
+    output = torch.zeros_like(data["query"])
+    assert path.handles(SimpleNamespace(max_query_len=1))
+    path(data["query"], data["key"], data["value"], data["raw"], data["batch"], output, None)
+    num_tokens = data["batch"].num_actual_tokens
+    expected = causal_attention(data, scale, tree_masks)
+    torch.testing.assert_close(output[:num_tokens], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_with_prompt_chunks_recomputes_only_the_tree_requests() -> None:
+    """Request 2 brings more tokens than a verification holds: the backend computes the
+    whole batch causally, then the tree requests' rows are computed again, masked."""
+    data = verification_batch("cpu_vec", seed=2)
+    step, tree_masks = tree_step([0, 3])
+    scale = HEAD_DIM**-0.5
+    path = HybridVerificationAttention(
+        scale, max(QUERY_LENS) - 1, cpu_prefix_attention, lambda: True, tree_step=lambda: step
+    )
+    output = torch.zeros_like(data["query"])
+    num_tokens = data["batch"].num_actual_tokens
+
+    def backend() -> None:
+        output[:num_tokens] = causal_attention(data, scale)
+
+    path(data["query"], data["key"], data["value"], data["raw"], data["batch"], output, backend)
+    expected = causal_attention(data, scale, tree_masks)
+    torch.testing.assert_close(output[:num_tokens], expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(expected, causal_attention(data, scale))

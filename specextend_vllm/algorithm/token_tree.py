@@ -1,0 +1,221 @@
+"""Token trees: the topology of a static draft tree and the acceptance of its longest
+verified path.
+
+Node 0 is the root, the last token the target produced; nodes 1..N are the draft tokens
+in breadth-first order (N = num_speculative_tokens). A tree is given as paths of child
+ranks: `[0, 1]` is the second most probable child (rank 1) of the most probable child of
+the root. The target verifies all N + 1 nodes in one pass, node i at position
+`root position + depth(i)`, attending to its ancestors only; a node is accepted when its
+token is the target's choice at its parent and its parent is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import torch
+
+MAX_TREE_NODES = 64
+
+
+class TokenTreeError(ValueError):
+    """A tree that is not a tree of child ranks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthExpansion:
+    """Which nodes of one depth the draft runs, and where their candidates go.
+
+    nodes: [W] the nodes of this depth that have children (the root alone at depth 0).
+    child_of_rank: [W, C] the child holding each node's rank-c candidate, -1 where the
+        tree keeps no child of that rank; C = 1 + the largest rank kept.
+    """
+
+    nodes: torch.Tensor
+    child_of_rank: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenTree:
+    """parents[i]: the parent of node i (-1 for the root); ranks[i]: the rank of node i's
+    token among the draft's candidates at its parent (0 for the root).
+
+    >>> tree = TokenTree.from_paths([[0], [1], [0, 0]])
+    >>> tree.parents, tree.depths
+    ((-1, 0, 0, 1), (0, 1, 1, 2))
+    >>> tree.ancestor_mask().int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    """
+
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Sequence[int]]) -> TokenTree:
+        """Nodes ordered by depth, then by their paths; raises TokenTreeError naming the
+        first path that does not fit."""
+        keys: list[tuple[int, ...]] = []
+        for path in paths:
+            if (
+                not isinstance(path, (list, tuple))
+                or not path
+                or not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in path)
+                or min(path) < 0
+            ):
+                raise TokenTreeError(
+                    f"each path must be a non-empty list of child ranks >= 0, got {path!r}"
+                )
+            keys.append(tuple(path))
+        if len(set(keys)) != len(keys):
+            raise TokenTreeError("paths must be distinct")
+        if len(keys) > MAX_TREE_NODES:
+            raise TokenTreeError(f"at most {MAX_TREE_NODES} nodes, got {len(keys)}")
+        ordered = sorted(keys, key=lambda key: (len(key), key))
+        index = {(): 0} | {key: i + 1 for i, key in enumerate(ordered)}
+        for key in ordered:
+            if key[:-1] not in index:
+                raise TokenTreeError(
+                    f"path {list(key)} has no parent: {list(key[:-1])} is missing"
+                )
+        return cls(
+            parents=(-1, *(index[key[:-1]] for key in ordered)),
+            ranks=(0, *(key[-1] for key in ordered)),
+        )
+
+    @classmethod
+    def chain(cls, length: int) -> TokenTree:
+        return cls.from_paths([[0] * depth for depth in range(1, length + 1)])
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.parents) - 1
+
+    @functools.cached_property
+    def depths(self) -> tuple[int, ...]:
+        depths = [0]
+        for parent in self.parents[1:]:
+            depths.append(depths[parent] + 1)
+        return tuple(depths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def is_chain(self) -> bool:
+        return all(parent == node - 1 for node, parent in enumerate(self.parents[1:], 1))
+
+    def ancestors_by_depth(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[N + 1, max_depth + 1] long: column d holds node i's ancestor at depth d (node i
+        itself at its own depth), -1 past its depth."""
+        table = torch.full((len(self.parents), self.max_depth + 1), -1, dtype=torch.long)
+        for node in range(len(self.parents)):
+            ancestor = node
+            while ancestor >= 0:
+                table[node, self.depths[ancestor]] = ancestor
+                ancestor = self.parents[ancestor]
+        return table.to(device)
+
+    def ancestor_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[N + 1, N + 1] bool: node i attends to node j where True (j an ancestor of i,
+        or i itself)."""
+        ancestors = self.ancestors_by_depth()
+        mask = torch.zeros(len(self.parents), len(self.parents) + 1, dtype=torch.bool)
+        mask.scatter_(1, torch.where(ancestors < 0, len(self.parents), ancestors), True)
+        return mask[:, :-1].to(device)
+
+    def expansions(self, device: torch.device | str = "cpu") -> list[DepthExpansion]:
+        """One entry per depth 0..max_depth-1: the draft runs the listed nodes and fills
+        their children from its most probable tokens, one depth per pass."""
+        expansions = []
+        for depth in range(self.max_depth):
+            nodes = sorted(
+                {self.parents[child] for child in range(1, len(self.parents))
+                 if self.depths[child] == depth + 1}
+            )
+            width = 1 + max(
+                self.ranks[child] for child in range(1, len(self.parents))
+                if self.parents[child] in nodes
+            )
+            child_of_rank = torch.full((len(nodes), width), -1, dtype=torch.long)
+            for row, node in enumerate(nodes):
+                for child in range(1, len(self.parents)):
+                    if self.parents[child] == node:
+                        child_of_rank[row, self.ranks[child]] = child
+            expansions.append(
+                DepthExpansion(torch.tensor(nodes, device=device), child_of_rank.to(device))
+            )
+        return expansions
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptedPaths:
+    """output_tokens: [R, N + 1] the accepted drafts along the path, then the target's
+        choice at the deepest accepted node, then -1 (vLLM's chain output layout);
+    num_accepted: [R] accepted drafts;
+    chain_order: [R, N + 1] the nodes as the chain the step leaves behind: the root, the
+        accepted path by depth, then the other nodes in their order."""
+
+    output_tokens: torch.Tensor
+    num_accepted: torch.Tensor
+    chain_order: torch.Tensor
+
+
+def accept_paths(
+    node_tokens: torch.Tensor,
+    target_choices: torch.Tensor,
+    ancestors_by_depth: torch.Tensor,
+    parents: torch.Tensor,
+    num_drafts: torch.Tensor,
+) -> AcceptedPaths:
+    """The longest root-to-node path whose every draft is the target's choice at its
+    parent. With `target_choices` the argmax this is greedy verification; with one
+    sample of the target's distribution per node it is exact sampling (only the samples
+    along the path are read, and siblings hold distinct tokens, so at most one child
+    of an accepted node matches).
+
+    node_tokens, target_choices: [R, N + 1] (node_tokens[:, 0], the root, is not read);
+    ancestors_by_depth: [N + 1, D + 1] from `TokenTree.ancestors_by_depth`;
+    parents: [N + 1] long (parents[0] ignored); num_drafts: [R] the nodes each request
+    verifies this step: N, or fewer where vLLM's scheduler cut the drafts short (a
+    breadth-first prefix of a tree is a tree), 0 where it verifies none.
+
+    Tree [[0], [1], [0, 0]], drafts (-, 5, 6, 7), target choices (6, 9, 7, 2): node 2
+    (token 6) matches the choice at the root, node 1 does not, so node 3 is out too;
+    output = 6 then the choice at node 2:
+
+    >>> tree = TokenTree.from_paths([[0], [1], [0, 0]])
+    >>> paths = accept_paths(
+    ...     torch.tensor([[0, 5, 6, 7]]), torch.tensor([[6, 9, 7, 2]]),
+    ...     tree.ancestors_by_depth(), torch.tensor(tree.parents), torch.tensor([3]))
+    >>> paths.output_tokens.tolist(), paths.num_accepted.tolist(), paths.chain_order.tolist()
+    ([[6, 7, -1, -1]], [1], [[0, 2, 1, 3]])
+    """
+    node_tokens, target_choices = node_tokens.long(), target_choices.long()
+    num_nodes = node_tokens.shape[1]
+    columns = torch.arange(num_nodes, device=node_tokens.device)[None, :]
+    depths = (ancestors_by_depth >= 0).sum(dim=1) - 1  # [N + 1]
+    parent_choice = target_choices[:, parents.clamp(min=0)]
+    matches = (node_tokens == parent_choice) & (columns <= num_drafts[:, None])
+    matches[:, 0] = True
+    path_matches = matches[:, ancestors_by_depth.clamp(min=0)]  # [R, N + 1, D + 1]
+    accepted = path_matches.all(dim=2)
+    deepest = torch.where(accepted, depths[None, :], -1).argmax(dim=1)  # [R]
+    num_accepted = depths[deepest]
+    path = ancestors_by_depth[deepest]  # [R, D + 1], column 0 the root
+
+    path_tokens = node_tokens.gather(1, path[:, 1:].clamp(min=0))
+    output_tokens = torch.full_like(node_tokens, -1)
+    width = path_tokens.shape[1]
+    output_tokens[:, :width] = torch.where(
+        columns[:, :width] < num_accepted[:, None], path_tokens, -1
+    )
+    output_tokens.scatter_(
+        1, num_accepted[:, None], target_choices.gather(1, deepest[:, None])
+    )
+
+    on_path = torch.zeros_like(accepted)
+    on_path.scatter_(1, path.clamp(min=0), True)  # -1 entries clamp to the root
+    order_key = torch.where(on_path, depths[None, :], num_nodes + columns)
+    return AcceptedPaths(output_tokens, num_accepted, order_key.argsort(dim=1))

@@ -1,0 +1,91 @@
+"""Token trees through the engine: greedy output equals plain decoding under every
+retrieval policy and on compact positions past the draft's trained length; a
+chain-shaped tree gives the chain's outputs and its acceptance."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import (
+    MAX_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    PROMPT_LENGTHS,
+    EngineRun,
+    decode,
+    specextend_config,
+)
+from tests.tiny_models import set_trained_length
+
+pytestmark = pytest.mark.engine
+
+TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
+DRAFT_TRAINED_LENGTH = 256
+RUNS = {
+    "cmr": {"policy": "cmr"},
+    "streaming": {"policy": "streaming"},
+    "full": {"policy": "full"},
+    "compact": {"policy": "cmr", "positions": "compact"},
+}
+
+
+def tree_config(draft: Path, tree: list[list[int]] = TREE, **keys: Any) -> dict[str, Any]:
+    return specextend_config(draft, num_speculative_tokens=len(tree), tree=tree, **keys)
+
+
+@pytest.fixture(scope="module")
+def short_trained_draft(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    draft = tmp_path_factory.mktemp("short_tree") / "draft"
+    shutil.copytree(tiny_models["draft_noisy"], draft)
+    return set_trained_length(draft, DRAFT_TRAINED_LENGTH)
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def tree_run(
+    request: pytest.FixtureRequest,
+    tiny_models: dict[str, Path],
+    short_trained_draft: Path,
+    prompts: list[list[int]],
+) -> tuple[str, EngineRun]:
+    draft = short_trained_draft if request.param == "compact" else tiny_models["draft_noisy"]
+    config = tree_config(draft, **RUNS[request.param])
+    return request.param, decode(tiny_models["target"], prompts, MAX_TOKENS, config)
+
+
+def test_greedy_tree_output_equals_plain_decoding(
+    tree_run: tuple[str, EngineRun], plain_outputs: list[list[int]]
+) -> None:
+    _, run = tree_run
+    assert run.outputs == plain_outputs
+
+
+def test_trees_are_verified_and_paths_accepted(tree_run: tuple[str, EngineRun]) -> None:
+    name, run = tree_run
+    assert run.counts["num_drafts"] > 0
+    assert 0 < run.counts["num_accepted_tokens"] < run.counts["num_draft_tokens"]
+    assert run.stats["hybrid_verifications"] > 0
+    if name == "compact":
+        assert max(PROMPT_LENGTHS) > DRAFT_TRAINED_LENGTH
+        assert run.stats["compact_draft_steps"] > 0
+
+
+def test_a_chain_shaped_tree_gives_the_chains_outputs_and_acceptance(
+    tiny_models: dict[str, Path], prompts: list[list[int]]
+) -> None:
+    chain = decode(
+        tiny_models["target"], prompts, MAX_TOKENS, specextend_config(tiny_models["draft_noisy"])
+    )
+    chain_tree = [[0] * depth for depth in range(1, NUM_SPECULATIVE_TOKENS + 1)]
+    tree = decode(
+        tiny_models["target"], prompts, MAX_TOKENS, tree_config(tiny_models["draft_noisy"], chain_tree)
+    )
+    assert tree.outputs == chain.outputs
+    assert tree.counts["num_draft_tokens"] == chain.counts["num_draft_tokens"]
+    # The tree's draft passes attend through the plugin's kernels, the chain's through
+    # vLLM's: float32 sums in another order, which can flip a near-tie of the random
+    # tiny draft's logits.
+    accepted = tree.counts["num_accepted_tokens"], chain.counts["num_accepted_tokens"]
+    assert abs(accepted[0] - accepted[1]) <= 0.05 * accepted[1]
