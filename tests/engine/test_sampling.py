@@ -46,13 +46,16 @@ def samples(tiny_models: dict[str, Path]) -> dict[str, list[list[int]]]:
         "plain": None,
         "draft_model": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3},
         "specextend": specextend_config(draft),
+        "specextend_tree": specextend_config(
+            draft, tree=[[0], [1], [0, 0], [0, 1]], num_speculative_tokens=4
+        ),
     }
     runs = {}
     for name, config in configs.items():
         runs[name] = on_engine(
             tiny_models["sharp"],
             config,
-            lambda llm: sample_tokens(llm, expect_accepted_drafts=name == "specextend"),
+            lambda llm: sample_tokens(llm, expect_accepted_drafts=name.startswith("specextend")),
             max_num_seqs=64,
         )
     return runs
@@ -66,7 +69,7 @@ def min_p_value(first: list[list[int]], second: list[list[int]]) -> float:
     )
 
 
-@pytest.mark.parametrize("method", ["draft_model", "specextend"])
+@pytest.mark.parametrize("method", ["draft_model", "specextend", "specextend_tree"])
 def test_sampled_tokens_follow_the_target_distribution(samples: dict[str, list[list[int]]], method: str) -> None:
     """draft_model too: on CPU it relies on the plugin's fix of vLLM's expand kernel."""
     assert min_p_value(samples["plain"], samples[method]) > 0.001 / MAX_TOKENS

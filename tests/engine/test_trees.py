@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
 
 from tests.harness import (
     MAX_TOKENS,
@@ -16,6 +18,7 @@ from tests.harness import (
     PROMPT_LENGTHS,
     EngineRun,
     decode,
+    make_llm,
     specextend_config,
 )
 from tests.tiny_models import set_trained_length
@@ -89,3 +92,36 @@ def test_a_chain_shaped_tree_gives_the_chains_outputs_and_acceptance(
     # tiny draft's logits.
     accepted = tree.counts["num_accepted_tokens"], chain.counts["num_accepted_tokens"]
     assert abs(accepted[0] - accepted[1]) <= 0.05 * accepted[1]
+
+
+@pytest.fixture(scope="module")
+def tree_llm(tiny_models: dict[str, Path]) -> Any:
+    llm = make_llm(tiny_models["target"], tree_config(tiny_models["draft_noisy"]))
+    yield llm
+    del llm
+
+
+def test_logprobs_follow_the_accepted_path(tree_llm: Any, prompts: list[list[int]]) -> None:
+    """Greedy tokens are each the most probable one of the row vLLM reports for them."""
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=3)
+    outputs = tree_llm.generate(
+        [{"prompt_token_ids": p} for p in prompts[-3:]], params, use_tqdm=False
+    )
+    for output in outputs:
+        completion = output.outputs[0]
+        assert len(completion.logprobs) == len(completion.token_ids) == MAX_TOKENS
+        for token, logprobs in zip(completion.token_ids, completion.logprobs):
+            assert logprobs[token].logprob == max(entry.logprob for entry in logprobs.values())
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"presence_penalty": 0.5}, {"min_tokens": 4}, {"repetition_penalty": 1.2}]
+)
+def test_requests_with_history_dependent_sampling_are_refused(
+    tree_llm: Any, sampling: dict[str, Any]
+) -> None:
+    params = SamplingParams(max_tokens=4, **sampling)
+    with pytest.raises(VLLMValidationError, match=rf"\['{next(iter(sampling))}'\] cannot be used with"):
+        tree_llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
+    ok = tree_llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4), use_tqdm=False)
+    assert len(ok[0].outputs[0].token_ids) == 4

@@ -85,6 +85,25 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
             {"retrieval_trigger": "sometimes"},
             r"\['retrieval_trigger'\] must be one of \['interval', 'adaptive'\]",
         ),
+        ({"tree": "bushy"}, r"\['tree'\] must be 'chain' or a list of paths"),
+        ({"tree": [[0], [0, 0, 1]]}, r"\['tree'\]: path \[0, 0, 1\] has no parent"),
+        (
+            {"tree": [[0], [1], [2], [0, 0]]},
+            r"\['tree'\] has 4 nodes.*\['num_speculative_tokens'\] must equal that, got 3",
+        ),
+        (
+            {"tree": [[0], [1], [0, 0]], "num_speculative_tokens": 3, "verification_attention": "native"},
+            r"\['verification_attention'\] 'native' cannot verify a speculative_config\['tree'\]",
+        ),
+        (
+            {
+                "tree": [[0], [1], [0, 0]],
+                "num_speculative_tokens": 3,
+                "drafting": "always",
+                "num_speculative_tokens_per_batch_size": [[1, 4, 3]],
+            },
+            r"\['num_speculative_tokens_per_batch_size'\] cannot be combined with",
+        ),
     ],
 )
 def test_bad_config_is_rejected(
@@ -170,3 +189,14 @@ def test_auto_drafting_turns_on_vllms_dynamic_speculation_unless_a_schedule_is_g
     )
     assert method_config.drafting == "always"
     assert vllm_keys["num_speculative_tokens_per_batch_size"] == schedule
+
+
+def test_trees_report_raw_logprobs_only(tiny_models: dict[str, Path]) -> None:
+    config = specextend_config(
+        tiny_models["draft_noisy"], tree=[[0], [1], [0, 0]], num_speculative_tokens=3
+    )
+    with pytest.raises(ValueError, match=r"logprobs_mode 'processed_logprobs' cannot be used"):
+        build_engine_config(tiny_models["target"], config, logprobs_mode="processed_logprobs")
+    assert build_engine_config(tiny_models["target"], config).additional_config["specextend"][
+        "tree"
+    ] == [[0], [1], [0, 0]]
