@@ -6,6 +6,7 @@
     python -m benchmarks.long_inputs batch   # throughput with concurrent long prompts
     python -m benchmarks.long_inputs draft_step  # one draft pass against the tokens it attends to
     python -m benchmarks.long_inputs verification  # target verification: hybrid against native attention
+    python -m benchmarks.long_inputs trees   # chain against static token trees
     python -m benchmarks.long_inputs plot    # PNG plots from the saved speed results
 
 Methods, on the same prompts: no speculation, vLLM's `draft_model`, and `specextend` with
@@ -66,6 +67,17 @@ TINY_DRAFT_VARIANTS = {
 }
 
 
+# Static trees of depth 4 (the chain's k) for the trees section: 8 and 16 nodes, wider
+# near the root, where the draft is surest to be right and most often second-best.
+TREES = {
+    "tree8": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]],
+    "tree16": [
+        [0], [1], [2], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
+        [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0],
+    ],
+}
+
+
 def engine_configs(draft: Path, args: argparse.Namespace) -> dict[str, dict[str, Any] | None]:
     common = {"model": str(draft), "num_speculative_tokens": args.k}
     return {
@@ -109,6 +121,20 @@ def run_verification(args: argparse.Namespace, draft: Path, target: Path, tokeni
     return run_lengths(args, target, tokenizer, configs, variants, "verification")
 
 
+def run_trees(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
+    """specextend (cmr) drafting a chain of k tokens against static trees of depth k, each
+    tree on its own engine (a tree is fixed when the engine starts); no speculation for
+    the plain step."""
+    base = engine_configs(draft, args)
+    configs = {"no_speculation": None, "specextend_chain": base["specextend"]}
+    for name, tree in TREES.items():
+        configs[f"specextend_{name}"] = {
+            **base["specextend"], "tree": tree, "num_speculative_tokens": len(tree)
+        }
+    args.methods = list(configs)
+    return run_lengths(args, target, tokenizer, configs, {}, "trees")
+
+
 def run_tiny_draft(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
     """Speed and acceptance of a small draft with its own tokenizer and an 8K training
     length (SmolLM2-135M by default), paired through `use_heterogeneous_vocab`, on prompts
@@ -144,7 +170,9 @@ def run_lengths(
     configs = {name: config for name, config in configs.items() if name in args.methods}
     runs: list[dict[str, Any]] = []
     max_model_len = max(args.lengths) + args.max_tokens + 64
-    runs_per_prompt = sum(len(specextend_variants_keys) if name == "specextend" else 1 for name in configs)
+    runs_per_prompt = sum(
+        len(specextend_variants_keys) if name == "specextend" else 1 for name in configs
+    )
     with tqdm(total=len(prompts) * runs_per_prompt, desc=description) as progress:
         for engine_name, speculative_config in configs.items():
             llm = engine.make_llm(target, speculative_config, max_model_len, block_size=args.block_size)
@@ -156,10 +184,12 @@ def run_lengths(
                     if engine_name == "specextend"
                     else iter([engine_name])
                 )
+                tokens_per_step = (speculative_config or {}).get("num_speculative_tokens", 0) + 1
                 for method in methods:
                     for repeat in range(args.repeats):
                         progress.set_postfix_str(f"{method} {prompt['length']} run {repeat + 1}")
-                        run = measure_one(llm, method, prompt, args) | {"repeat": repeat}
+                        run = measure_one(llm, method, prompt, args, tokens_per_step)
+                        run["repeat"] = repeat
                         prefill_ttft = run["ttft_s"] if prefill_ttft is None else prefill_ttft
                         run["engine_ttft_s"] = prefill_ttft
                         runs.append(run)
@@ -182,11 +212,14 @@ def results_path(args: argparse.Namespace) -> Path:
     return engine.RESULTS / f"{args.output or f'long_inputs_{section}'}.json"
 
 
-def measure_one(llm: Any, method: str, prompt: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def measure_one(
+    llm: Any, method: str, prompt: dict[str, Any], args: argparse.Namespace, tokens_per_step: int
+) -> dict[str, Any]:
+    """One prompt on one engine; `tokens_per_step`: target tokens of a decoding step."""
     step_records(llm)
     retrieval_before = engine.retrieval_counters(llm) if method.startswith("specextend") else {}
     [request], wall_s = engine.generate(llm, [prompt["token_ids"]], args.max_tokens)
-    breakdown = engine.time_breakdown(step_records(llm), args.k + 1, request.decode_s)
+    breakdown = engine.time_breakdown(step_records(llm), max(tokens_per_step, args.k + 1), request.decode_s)
     run = {
         "method": method,
         "length": prompt["length"],
@@ -425,6 +458,7 @@ SECTIONS = {
     "batch": run_batch,
     "draft_step": run_draft_step,
     "verification": run_verification,
+    "trees": run_trees,
 }
 ENGINES = ("no_speculation", "draft_model", "specextend")
 
@@ -472,6 +506,7 @@ def parse_args() -> argparse.Namespace:
         "batch": (None, 64),
         "draft_step": ([1024, 4096, 16384], 16),
         "verification": ([4096, 8192, 16384], 32),
+        "trees": ([4096, 8192], 64),
         "plot": (None, None),
     }[args.section]
     args.lengths = args.lengths or defaults[0]
@@ -510,7 +545,7 @@ def main() -> None:
     path.write_text(json.dumps(record, indent=1))
     print_table(results["table"])
     print(f"saved {path}")
-    if args.section in ("speed", "tiny_draft", "verification"):
+    if args.section in ("speed", "tiny_draft", "verification", "trees"):
         for png in plot_speed(path):
             print(f"saved {png}")
 

@@ -164,6 +164,43 @@ def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any, wor
     return rows
 
 
+def plot(results_path: Path) -> Path:
+    """Output tokens/s relative to no speculation, and time per output token, per
+    method and concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    record = json.loads(results_path.read_text())
+    rows = record["table"]
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    concurrencies = sorted({row["concurrency"] for row in rows})
+    figure, panels = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.8 / len(methods)
+    for index, method in enumerate(methods):
+        by_concurrency = {row["concurrency"]: row for row in rows if row["method"] == method}
+        offsets = [c + (index - (len(methods) - 1) / 2) * width for c in range(len(concurrencies))]
+        for panel, key in zip(panels, ("throughput_vs_no_speculation", "mean_tpot_ms")):
+            panel.bar(offsets, [by_concurrency[c][key] for c in concurrencies], width, label=method)
+    for panel, label in zip(panels, ("output tokens/s / no speculation", "mean time per output token (ms)")):
+        panel.set_xticks(range(len(concurrencies)), [f"concurrency {c}" for c in concurrencies])
+        panel.set_ylabel(label)
+        panel.grid(alpha=0.3, axis="y")
+    panels[0].axhline(1.0, color="black", linewidth=0.8)
+    panels[0].legend(fontsize=8)
+    figure.suptitle(
+        f"vllm bench serve, {record['args']['length']}-token prompts, "
+        f"{record['args']['max_tokens']} new tokens ({record['machine']['cpu']})",
+        fontsize=9,
+    )
+    path = results_path.with_suffix(".png")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
 def main() -> None:
     from transformers import AutoTokenizer
 
@@ -181,13 +218,17 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of each server")
     parser.add_argument("--run-timeout-s", type=int, default=3600)
     parser.add_argument("--output", default="serving", help="results file name without .json")
+    parser.add_argument("--plot-only", action="store_true", help="plot the saved results")
     args = parser.parse_args()
+    path = engine.RESULTS / f"{args.output}.json"
+    if args.plot_only:
+        print(f"saved {plot(path)}")
+        return
     draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
     tokenizer = AutoTokenizer.from_pretrained(target)
     with tempfile.TemporaryDirectory(prefix="specextend-serving-") as work:
         rows = run(args, draft, target, tokenizer, Path(work))
     record = {"args": vars(args), "machine": engine.machine(), "table": rows}
-    path = engine.RESULTS / f"{args.output}.json"
     path.write_text(json.dumps(record, indent=1))
     print("method | concurrency | output tok/s | vs no spec | median TTFT ms | median ITL ms | p99 ITL ms | failed")
     for row in rows:
@@ -196,7 +237,7 @@ def main() -> None:
             f"{row['throughput_vs_no_speculation']:.2f} | {row['median_ttft_ms']:.0f} | "
             f"{row['median_itl_ms']:.0f} | {row['p99_itl_ms']:.0f} | {row['failed']}"
         )
-    print(f"saved {path}")
+    print(f"saved {path} and {plot(path)}")
 
 
 if __name__ == "__main__":
