@@ -122,14 +122,21 @@ def run_verification(args: argparse.Namespace, draft: Path, target: Path, tokeni
 
 
 def run_trees(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
-    """specextend (cmr) drafting a chain of k tokens against static trees of depth k, each
-    tree on its own engine (a tree is fixed when the engine starts); no speculation for
-    the plain step."""
+    """specextend (cmr) drafting a chain of k tokens against static trees of depth k and
+    dynamic trees at most k deep, each tree on its own engine (a tree is fixed when the
+    engine starts); no speculation for the plain step."""
     base = engine_configs(draft, args)
     configs = {"no_speculation": None, "specextend_chain": base["specextend"]}
     for name, tree in TREES.items():
         configs[f"specextend_{name}"] = {
             **base["specextend"], "tree": tree, "num_speculative_tokens": len(tree)
+        }
+    for num_nodes in (8, 16):
+        configs[f"specextend_dynamic{num_nodes}"] = {
+            **base["specextend"],
+            "tree": "dynamic",
+            "num_speculative_tokens": num_nodes,
+            "tree_max_depth": args.k,
         }
     args.methods = list(configs)
     return run_lengths(args, target, tokenizer, configs, {}, "trees")

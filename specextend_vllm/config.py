@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from specextend_vllm.algorithm.token_tree import TokenTree, TokenTreeError
+from specextend_vllm.algorithm.token_tree import MAX_TREE_NODES, TokenTree, TokenTreeError
 
 METHOD_NAME = "specextend"
 
@@ -77,6 +77,9 @@ class SpecExtendConfig:
         a static token tree of `num_speculative_tokens` nodes (`[1]` is the root's second
         most probable child, `[0, 0]` the first child of its first child), drafted one
         depth per pass and verified in one target pass through hybrid tree attention.
+        `dynamic`: a tree of `num_speculative_tokens` nodes grown per request and step from
+        the draft's confidences (EAGLE-2), at most `tree_max_depth` deep.
+    tree_max_depth: the depth limit of dynamic trees.
     """
 
     chunk_size: int = 32
@@ -89,6 +92,7 @@ class SpecExtendConfig:
     verification_attention: VerificationAttention = "auto"
     drafting: Drafting = "auto"
     tree: str | tuple[tuple[int, ...], ...] = "chain"
+    tree_max_depth: int = 5
 
     def __post_init__(self) -> None:
         self._check_tree()
@@ -120,12 +124,12 @@ class SpecExtendConfig:
             )
 
     def _check_tree(self) -> None:
-        if self.tree == "chain":
+        if self.tree in ("chain", "dynamic"):
             return
         if isinstance(self.tree, str) or not isinstance(self.tree, (list, tuple)):
             raise SpecExtendConfigError(
-                "speculative_config['tree'] must be 'chain' or a list of paths of child "
-                f"ranks such as [[0], [1], [0, 0]], got {self.tree!r}."
+                "speculative_config['tree'] must be 'chain', 'dynamic' or a list of paths of "
+                f"child ranks such as [[0], [1], [0, 0]], got {self.tree!r}."
             )
         try:
             TokenTree.from_paths(self.tree)
@@ -134,8 +138,20 @@ class SpecExtendConfig:
         object.__setattr__(self, "tree", tuple(tuple(path) for path in self.tree))
 
     def token_tree(self) -> TokenTree | None:
-        """The static tree, or None for a chain."""
-        return None if self.tree == "chain" else TokenTree.from_paths(self.tree)
+        """The static tree, or None for a chain or a dynamic tree."""
+        return None if self.tree in ("chain", "dynamic") else TokenTree.from_paths(self.tree)
+
+    def dynamic_tree_shape(self, num_nodes: int) -> tuple[int, int, int]:
+        """(branching, width, depth) of dynamic trees of `num_nodes` nodes: each expanded
+        node keeps its `branching` most probable children, `width` nodes are expanded per
+        depth, and trees are at most `depth` deep.
+
+        >>> SpecExtendConfig(tree="dynamic", tree_max_depth=5).dynamic_tree_shape(16)
+        (4, 4, 5)
+        """
+        depth = min(self.tree_max_depth, num_nodes)
+        branching = num_nodes if depth == 1 else min(num_nodes, 4)
+        return branching, min(branching, 4), depth
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -206,11 +222,21 @@ class SpecExtendConfig:
     def check_tree_combination(self, speculative_config: Mapping[str, Any]) -> None:
         """A static tree holds `num_speculative_tokens` nodes, verified on hybrid tree
         attention, and is drafted whole or not at all."""
-        tree = self.token_tree()
-        if tree is None:
+        if self.tree == "chain":
             return
         num_speculative_tokens = speculative_config["num_speculative_tokens"]
-        if tree.num_drafts != num_speculative_tokens:
+        tree = self.token_tree()
+        if tree is None:
+            branching, width, depth = self.dynamic_tree_shape(num_speculative_tokens)
+            candidates = branching + (depth - 1) * width * branching
+            if not 1 <= num_speculative_tokens <= min(MAX_TREE_NODES, candidates):
+                raise SpecExtendConfigError(
+                    "speculative_config['num_speculative_tokens'] must be between 1 and "
+                    f"{min(MAX_TREE_NODES, candidates)} for a dynamic tree with "
+                    f"speculative_config['tree_max_depth'] {self.tree_max_depth}, got "
+                    f"{num_speculative_tokens}."
+                )
+        elif tree.num_drafts != num_speculative_tokens:
             raise SpecExtendConfigError(
                 f"speculative_config['tree'] has {tree.num_drafts} nodes, and "
                 f"speculative_config['num_speculative_tokens'] must equal that, got "
@@ -298,6 +324,6 @@ class SpecExtendConfig:
 
     def to_dict(self) -> dict[str, Any]:
         keys = dataclasses.asdict(self)
-        if self.tree != "chain":
+        if not isinstance(self.tree, str):
             keys["tree"] = [list(path) for path in self.tree]
         return keys

@@ -39,7 +39,13 @@ from specextend_vllm.patches.attention import (
 )
 from specextend_vllm.patches.model import extend_draft_rotary_table
 from specextend_vllm.scoring import ChunkScorer, FinalLayerQuery
-from specextend_vllm.tree_drafting import DraftTreeAttention, DraftTreePass, TreeDrafter
+from specextend_vllm.tree_drafting import (
+    DraftTreeAttention,
+    DraftTreePass,
+    DynamicTreeDrafter,
+    StaticTreeDrafter,
+    TreePasses,
+)
 from specextend_vllm.tree_verification import TreeVerifier
 from specextend_vllm.verification import (
     HybridVerificationAttention,
@@ -93,9 +99,10 @@ class SpecExtendProposer(DraftModelProposer):
         self._draft_layers: list[Any] = []
         self._verification_paths: list[tuple[AttentionLayerSeam, HybridVerificationAttention]] = []
         self._verification_blockers: list[str] = []
-        self.token_tree = self.method_config.token_tree()
+        self.drafts_trees = self.method_config.tree != "chain"
         self.tree_verifier: TreeVerifier | None = None
-        self.tree_drafter: TreeDrafter | None = None
+        self.tree_drafter: StaticTreeDrafter | DynamicTreeDrafter | None = None
+        self._tree_parents: torch.Tensor | None = None
         self._final_layer_query: FinalLayerQuery | None = None
         self._first_pass_sample_rows: torch.Tensor | None = None
         self._root_hidden_states: torch.Tensor | None = None
@@ -143,7 +150,7 @@ class SpecExtendProposer(DraftModelProposer):
                     self._prefix_attention,
                     lambda layer=layer: layers.has_supported_cache_layout(layer),
                     self.metrics.record_hybrid_verification if index == 0 else None,
-                    self._tree_attention_step if self.token_tree is not None else None,
+                    self._tree_attention_step if self.drafts_trees else None,
                 ),
             )
             for index, layer in enumerate(target_layers)
@@ -173,24 +180,35 @@ class SpecExtendProposer(DraftModelProposer):
             reserved * kernel_blocks_per_manager_block,
         )
         self.retrieval_state = self._new_retrieval_state()
-        if self.token_tree is not None:
+        if self.drafts_trees:
             self._prepare_trees()
 
     def _prepare_trees(self) -> None:
         """The tree verifier for the target's steps, and tree attention in every draft
         layer (used by tree passes only)."""
-        assert self.token_tree is not None and self._final_layer_query is not None
+        assert self._final_layer_query is not None
+        num_nodes = self.num_speculative_tokens
+        static_tree = self.method_config.token_tree()
+        if static_tree is not None:
+            self.tree_drafter = StaticTreeDrafter(static_tree, self.device)
+            max_depth = static_tree.max_depth
+        else:
+            branching, width, max_depth = self.method_config.dynamic_tree_shape(num_nodes)
+            self.tree_drafter = DynamicTreeDrafter(num_nodes, branching, width, max_depth, self.device)
+        self._tree_parents = torch.zeros(
+            self.max_batch_size, num_nodes + 1, dtype=torch.long, device=self.device
+        )
         target_layers = layers.target_attention_layers(
             self.vllm_config, self._draft_attn_layer_names
         )
         self.tree_verifier = TreeVerifier(
-            self.token_tree,
+            num_nodes,
+            max_depth,
             self.device,
             lambda: [layers.raw_kv_cache(layer) for layer in target_layers],
             self._final_layer_query,
             self.block_size,
         )
-        self.tree_drafter = TreeDrafter(self.token_tree, self.device, self.block_size)
         for index, layer in enumerate(self._draft_layers):
             attention_layer_seam(layer).compute_with(
                 DraftTreeAttention(index, layer.impl.scale, self._prefix_attention)
@@ -198,6 +216,12 @@ class SpecExtendProposer(DraftModelProposer):
 
     def _tree_attention_step(self) -> Any:
         return None if self.tree_verifier is None else self.tree_verifier.attention_step()
+
+    def tree_parents_of_batch(self, num_reqs: int) -> torch.Tensor:
+        """[R, N + 1] the tree each request of the runner's batch drafted last."""
+        assert self._tree_parents is not None and self.retrieval_state is not None
+        slots = self.retrieval_state.slots(request_ids(self.runner, num_reqs))
+        return self._tree_parents[slots]
 
     def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
         """Replaces some of the method's keys on a running engine, for example to compare
@@ -223,6 +247,8 @@ class SpecExtendProposer(DraftModelProposer):
         assert self.chunk_scorer is not None
         self.chunk_scorer.chunk_size = config.chunk_size
         self.retrieval_state = self._new_retrieval_state()
+        if self._tree_parents is not None:
+            self._tree_parents.zero_()
         logger.info("SpecExtend reconfigured: %s", self.method_config.to_dict())
         return self.method_config
 
@@ -267,7 +293,7 @@ class SpecExtendProposer(DraftModelProposer):
                 common_attn_metadata,
             )
         self._reduced_view = view
-        drafts_tree = self.tree_drafter is not None and num_speculative_tokens > 0
+        drafts_tree = self.drafts_trees and num_speculative_tokens > 0
         try:
             drafts = super().propose(
                 num_speculative_tokens=1 if drafts_tree else num_speculative_tokens,
@@ -301,29 +327,36 @@ class SpecExtendProposer(DraftModelProposer):
         return super()._sample_draft_tokens(hidden_states, sampling_metadata)
 
     def _draft_tree(self, view: ReducedDraftView | None, common_attn_metadata: Any) -> torch.Tensor:
-        """Drafts the rest of the tree below the roots the first pass has drafted from."""
-        assert self.tree_drafter is not None
+        """Drafts the rest of each request's tree below the root the first pass drafted
+        from, and keeps its shape for the verification."""
+        assert self.tree_drafter is not None and self._tree_parents is not None
+        assert self.retrieval_state is not None
         root_hidden_states, self._root_hidden_states = self._root_hidden_states, None
         assert root_hidden_states is not None and self._first_pass_sample_rows is not None
         num_reqs = root_hidden_states.shape[0]
         root_positions = self.positions[self._first_pass_sample_rows].long()[:num_reqs]
-        block_table = common_attn_metadata.block_table_tensor[:num_reqs]
-        reduced_block_table, offsets = block_table, torch.zeros_like(root_positions)
+        reduced_block_table = common_attn_metadata.block_table_tensor[:num_reqs]
+        offsets = torch.zeros_like(root_positions)
         if view is not None:
             reduced_block_table = view.block_table[:num_reqs]
             offsets = view.seq_len_offset[:num_reqs].long()
         layer = self._draft_layers[0]
-        return self.tree_drafter.draft(
-            root_logits=self.model.compute_logits(root_hidden_states),
+        passes = TreePasses.allocate(
+            self.tree_drafter.num_buffer_nodes,
+            (layer.num_kv_heads, layer.head_size, self.dtype),
+            len(self._draft_layers),
             root_positions=root_positions,
-            block_table=block_table,
             reduced_block_table=reduced_block_table,
             reduced_prefix_lens=root_positions + 1 - offsets,
-            kv_shape=(layer.num_kv_heads, layer.head_size, self.dtype),
-            num_layers=len(self._draft_layers),
             forward=self._tree_pass_forward,
             compute_logits=self.model.compute_logits,
         )
+        tokens, parents = self.tree_drafter.draft(
+            self.model.compute_logits(root_hidden_states), passes
+        )
+        slots = self.retrieval_state.slots(request_ids(self.runner, num_reqs))
+        self._tree_parents[slots] = parents
+        return tokens
 
     def _tree_pass_forward(
         self,

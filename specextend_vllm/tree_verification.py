@@ -21,7 +21,12 @@ import torch
 
 from specextend_vllm.algorithm.positions import copy_kept_tokens
 from specextend_vllm.algorithm.sampling import expand_batch_to_tokens
-from specextend_vllm.algorithm.token_tree import AcceptedPaths, TokenTree, accept_paths
+from specextend_vllm.algorithm.token_tree import (
+    AcceptedPaths,
+    accept_paths,
+    ancestors_from_parents,
+    masks_from_ancestors,
+)
 from specextend_vllm.scoring import FinalLayerQuery
 from specextend_vllm.verification import TreeAttentionStep
 from specextend_vllm.vllm_access.sampling import SamplerOutput, apply_top_k_top_p
@@ -60,12 +65,15 @@ def sampling_params_unsupported_with_trees(params: Any) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class TreeVerificationStep:
     """num_drafts: [R] nodes each request verifies (0 for prompt chunks and requests
-        that drafted nothing); logit_rows: [R, N + 1] each node's row of the step's
-        logits (clamped past a request's nodes); step_rows: [R, N + 1] its row of the
-        target batch; attention: the masks, None when no request verifies a tree."""
+        that drafted nothing); parents, ancestors: [R, N + 1] and [R, N + 1, D + 1] each
+        request's tree; logit_rows: [R, N + 1] each node's row of the step's logits
+        (clamped past a request's nodes); step_rows: [R, N + 1] its row of the target
+        batch; attention: the masks, None when no request verifies a tree."""
 
     num_drafts: torch.Tensor
     num_draft_tokens: list[int]
+    parents: torch.Tensor
+    ancestors: torch.Tensor
     logit_rows: torch.Tensor
     step_rows: torch.Tensor
     attention: TreeAttentionStep | None
@@ -74,18 +82,15 @@ class TreeVerificationStep:
 class TreeVerifier:
     def __init__(
         self,
-        tree: TokenTree,
+        num_drafts: int,
+        max_depth: int,
         device: torch.device,
         target_caches: Callable[[], list[torch.Tensor]],
         final_layer_query: FinalLayerQuery,
         block_size: int,
     ):
-        self.tree = tree
-        self.num_nodes = tree.num_drafts + 1
-        self.depths = torch.tensor(tree.depths, device=device)
-        self.parents = torch.tensor(tree.parents, device=device)
-        self.ancestors = tree.ancestors_by_depth(device)
-        self.tree_mask = tree.ancestor_mask(device)
+        self.num_nodes = num_drafts + 1
+        self.max_depth = max_depth
         self.causal_mask = torch.ones(self.num_nodes, self.num_nodes, dtype=torch.bool, device=device).tril()
         self.node_columns = torch.arange(self.num_nodes, device=device)
         self.target_caches = target_caches
@@ -96,9 +101,12 @@ class TreeVerifier:
     def attention_step(self) -> TreeAttentionStep | None:
         return None if self.step is None else self.step.attention
 
-    def plan(self, metadata: Any, positions: torch.Tensor) -> None:
+    def plan(
+        self, metadata: Any, positions: torch.Tensor, parents_of_batch: Callable[[int], torch.Tensor]
+    ) -> None:
         """metadata: vLLM's SpecDecodeMetadata of the step (None without drafts);
-        positions: [num_tokens] the step's positions, changed in place.
+        positions: [num_tokens] the step's positions, changed in place;
+        parents_of_batch(R): [R, N + 1] the tree each request of the batch drafted.
 
         A request verifying nodes (root, a, b, c) of the tree [[0], [1], [0, 0]] from
         position 40 gets positions (40, 41, 41, 42)."""
@@ -107,15 +115,20 @@ class TreeVerifier:
             return
         device = positions.device
         num_drafts = torch.tensor(metadata.num_draft_tokens, device=device)
+        num_reqs = num_drafts.shape[0]
+        parents = parents_of_batch(num_reqs)
+        ancestors = ancestors_from_parents(parents, self.max_depth)
+        depths = (ancestors >= 0).sum(dim=2) - 1
         num_sampled = num_drafts + 1
         logits_indices = metadata.logits_indices.long()
         num_logit_rows = logits_indices.shape[0]
         first_logit_row = metadata.cu_num_sampled_tokens.long() - num_sampled
-        columns = torch.arange(num_logit_rows, device=device) - first_logit_row.repeat_interleave(
+        request_of_row = torch.arange(num_reqs, device=device).repeat_interleave(
             num_sampled, output_size=num_logit_rows
         )
+        columns = torch.arange(num_logit_rows, device=device) - first_logit_row[request_of_row]
         positions.index_add_(
-            0, logits_indices, (self.depths[columns] - columns).to(positions.dtype)
+            0, logits_indices, (depths[request_of_row, columns] - columns).to(positions.dtype)
         )
         logit_rows = (first_logit_row[:, None] + self.node_columns[None, :]).clamp(
             max=num_logit_rows - 1
@@ -124,11 +137,15 @@ class TreeVerifier:
         tree_requests = has_tree.nonzero().squeeze(1)
         attention = None
         if tree_requests.numel():
-            masks = torch.where(has_tree[:, None, None], self.tree_mask, self.causal_mask)
+            masks = torch.where(
+                has_tree[:, None, None], masks_from_ancestors(ancestors), self.causal_mask
+            )
             attention = TreeAttentionStep(tree_requests, masks)
         self.step = TreeVerificationStep(
             num_drafts,
             list(metadata.num_draft_tokens),
+            parents,
+            ancestors,
             logit_rows,
             logits_indices[logit_rows],
             attention,
@@ -161,8 +178,8 @@ class TreeVerifier:
         paths = accept_paths(
             input_ids[step.step_rows],
             choices[step.logit_rows],
-            self.ancestors,
-            self.parents,
+            step.ancestors,
+            step.parents,
             step.num_drafts,
         )
         width = max(step.num_draft_tokens) + 1

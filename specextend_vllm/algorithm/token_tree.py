@@ -176,8 +176,9 @@ def accept_paths(
     of an accepted node matches).
 
     node_tokens, target_choices: [R, N + 1] (node_tokens[:, 0], the root, is not read);
-    ancestors_by_depth: [N + 1, D + 1] from `TokenTree.ancestors_by_depth`;
-    parents: [N + 1] long (parents[0] ignored); num_drafts: [R] the nodes each request
+    ancestors_by_depth: [R, N + 1, D + 1] from `ancestors_from_parents` (or
+    `TokenTree.ancestors_by_depth` expanded); parents: [R, N + 1] long (column 0
+    ignored); num_drafts: [R] the nodes each request
     verifies this step: N, or fewer where vLLM's scheduler cut the drafts short (a
     breadth-first prefix of a tree is a tree), 0 where it verifies none.
 
@@ -188,22 +189,25 @@ def accept_paths(
     >>> tree = TokenTree.from_paths([[0], [1], [0, 0]])
     >>> paths = accept_paths(
     ...     torch.tensor([[0, 5, 6, 7]]), torch.tensor([[6, 9, 7, 2]]),
-    ...     tree.ancestors_by_depth(), torch.tensor(tree.parents), torch.tensor([3]))
+    ...     tree.ancestors_by_depth()[None], torch.tensor([tree.parents]), torch.tensor([3]))
     >>> paths.output_tokens.tolist(), paths.num_accepted.tolist(), paths.chain_order.tolist()
     ([[6, 7, -1, -1]], [1], [[0, 2, 1, 3]])
     """
     node_tokens, target_choices = node_tokens.long(), target_choices.long()
     num_nodes = node_tokens.shape[1]
     columns = torch.arange(num_nodes, device=node_tokens.device)[None, :]
-    depths = (ancestors_by_depth >= 0).sum(dim=1) - 1  # [N + 1]
-    parent_choice = target_choices[:, parents.clamp(min=0)]
+    num_reqs = node_tokens.shape[0]
+    depths = (ancestors_by_depth >= 0).sum(dim=2) - 1  # [R, N + 1]
+    parent_choice = target_choices.gather(1, parents.long().clamp(min=0))
     matches = (node_tokens == parent_choice) & (columns <= num_drafts[:, None])
     matches[:, 0] = True
-    path_matches = matches[:, ancestors_by_depth.clamp(min=0)]  # [R, N + 1, D + 1]
+    path_matches = matches.gather(
+        1, ancestors_by_depth.clamp(min=0).flatten(1)
+    ).view_as(ancestors_by_depth)
     accepted = path_matches.all(dim=2)
-    deepest = torch.where(accepted, depths[None, :], -1).argmax(dim=1)  # [R]
-    num_accepted = depths[deepest]
-    path = ancestors_by_depth[deepest]  # [R, D + 1], column 0 the root
+    deepest = torch.where(accepted, depths, -1).argmax(dim=1)  # [R]
+    num_accepted = depths.gather(1, deepest[:, None]).squeeze(1)
+    path = ancestors_by_depth[torch.arange(num_reqs, device=deepest.device), deepest]  # [R, D + 1]
 
     path_tokens = node_tokens.gather(1, path[:, 1:].clamp(min=0))
     output_tokens = torch.full_like(node_tokens, -1)
@@ -217,5 +221,116 @@ def accept_paths(
 
     on_path = torch.zeros_like(accepted)
     on_path.scatter_(1, path.clamp(min=0), True)  # -1 entries clamp to the root
-    order_key = torch.where(on_path, depths[None, :], num_nodes + columns)
+    order_key = torch.where(on_path, depths, num_nodes + columns)
     return AcceptedPaths(output_tokens, num_accepted, order_key.argsort(dim=1))
+
+
+def ancestors_from_parents(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[R, N + 1, max_depth + 1] the per-request form of `TokenTree.ancestors_by_depth`,
+    from parents [R, N + 1] (breadth-first: each parent before its children; column 0,
+    the root, ignored).
+
+    >>> ancestors_from_parents(torch.tensor([[-1, 0, 0, 2]]), 2).tolist()
+    [[[0, -1, -1], [0, 1, -1], [0, 2, -1], [0, 2, 3]]]
+    """
+    num_reqs, num_nodes = parents.shape
+    columns = torch.arange(num_nodes, device=parents.device).expand(num_reqs, -1)
+    parents = torch.where(columns == 0, 0, parents.long())
+    depths = torch.zeros_like(parents)
+    for _ in range(max_depth):
+        depths = torch.where(columns == 0, 0, depths.gather(1, parents) + 1)
+    ancestors = torch.full(
+        (num_reqs, num_nodes, max_depth + 2), -1, dtype=torch.long, device=parents.device
+    )
+    current = columns.clone()
+    for _ in range(max_depth + 1):
+        depth = torch.where(current >= 0, depths.gather(1, current.clamp(min=0)), max_depth + 1)
+        ancestors.scatter_(2, depth[..., None], current[..., None])
+        current = torch.where(current > 0, parents.gather(1, current.clamp(min=0)), -1)
+    return ancestors[..., :-1]
+
+
+def masks_from_ancestors(ancestors_by_depth: torch.Tensor) -> torch.Tensor:
+    """[R, N + 1, N + 1] bool ancestor masks (node i attends to j) from [R, N + 1, D + 1]."""
+    num_reqs, num_nodes, _ = ancestors_by_depth.shape
+    masks = torch.zeros(
+        num_reqs, num_nodes, num_nodes + 1, dtype=torch.bool, device=ancestors_by_depth.device
+    )
+    masks.scatter_(2, torch.where(ancestors_by_depth < 0, num_nodes, ancestors_by_depth), True)
+    return masks[..., :-1]
+
+
+@dataclasses.dataclass
+class DynamicTreeGrowth:
+    """A tree grown for each request from the draft's confidences, as EAGLE-2 does: the
+    root's `branching` most probable tokens are the first candidates; at each depth the
+    `width` candidates with the highest path probability (product of the draft's
+    probabilities from the root) are expanded into their `branching` most probable
+    children; the `num_nodes` candidates with the highest path probability make the tree
+    (a child is never more probable than its parent, so each chosen node's parent is
+    chosen too).
+
+    Per depth d (1-based), kept in lists: tokens, scores (log path probability) and
+    parent candidates (index into depth d - 1's candidates, -1 for the root), [R, C_d];
+    expanded: [R, width] the candidates of depth d that the draft runs.
+    """
+
+    num_nodes: int
+    branching: int
+    width: int
+    tokens: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    scores: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    parent_candidates: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    expanded: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+    def start(self, root_logprobs: torch.Tensor) -> None:
+        """root_logprobs: [R, V] the draft's log-probabilities at each root."""
+        scores, tokens = root_logprobs.float().topk(self.branching, dim=-1)
+        self.tokens.append(tokens)
+        self.scores.append(scores)
+        self.parent_candidates.append(torch.full_like(tokens, -1))
+
+    def expand(self) -> torch.Tensor:
+        """Chooses the newest depth's candidates to run: returns [R, width] indices."""
+        expanded = self.scores[-1].topk(self.width, dim=-1).indices
+        self.expanded.append(expanded)
+        return expanded
+
+    def add_children(self, logprobs: torch.Tensor) -> None:
+        """logprobs: [R, width, V] the draft's log-probabilities at the expanded nodes."""
+        num_reqs = logprobs.shape[0]
+        child_logprobs, tokens = logprobs.float().topk(self.branching, dim=-1)
+        parent_scores = self.scores[-1].gather(1, self.expanded[-1])
+        self.tokens.append(tokens.reshape(num_reqs, -1))
+        self.scores.append((parent_scores[..., None] + child_logprobs).reshape(num_reqs, -1))
+        self.parent_candidates.append(
+            self.expanded[-1].repeat_interleave(self.branching, dim=1)
+        )
+
+    def tree(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [R, num_nodes], parents [R, num_nodes + 1]) in breadth-first order."""
+        sizes = [tokens.shape[1] for tokens in self.tokens]
+        offsets = [sum(sizes[:depth]) for depth in range(len(sizes))]
+        tokens = torch.cat(self.tokens, dim=1)
+        scores = torch.cat(self.scores, dim=1)
+        parents = torch.cat(
+            [
+                torch.where(parent >= 0, parent + offsets[depth - 1] if depth else parent, -1)
+                for depth, parent in enumerate(self.parent_candidates)
+            ],
+            dim=1,
+        )
+        # Candidates are laid out depth by depth, so a stable sort puts a parent before a
+        # child of equal score.
+        order = scores.sort(dim=1, descending=True, stable=True).indices
+        chosen = order[:, : self.num_nodes].sort(dim=1).values  # breadth-first
+        node_of_candidate = torch.zeros_like(scores, dtype=torch.long)
+        node_of_candidate.scatter_(
+            1, chosen, torch.arange(1, self.num_nodes + 1, device=scores.device).expand_as(chosen)
+        )
+        chosen_parents = parents.gather(1, chosen)
+        node_parents = torch.where(
+            chosen_parents >= 0, node_of_candidate.gather(1, chosen_parents.clamp(min=0)), 0
+        )
+        root = torch.full_like(node_parents[:, :1], -1)
+        return tokens.gather(1, chosen), torch.cat([root, node_parents], dim=1)

@@ -86,8 +86,8 @@ def attention_to_nodes(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each request's W query nodes attend to the M nodes of its tree held so far.
 
-    query: [R, W, Hq, D]; key, value: [R, M, Hkv, D]; allowed: [W, M] bool, the same
-    for every request. Returns (output [R * W, Hq, D] float32, lse [Hq, R * W] float32);
+    query: [R, W, Hq, D]; key, value: [R, M, Hkv, D]; allowed: [R, W, M] bool, or
+    [W, M] for the same nodes in every request. Returns (output [R * W, Hq, D] float32, lse [Hq, R * W] float32);
     a row allowed no node gets output 0 and lse -inf.
 
     One request, one head, D=1: the node attends to itself (logit ln 3, value 5) and to
@@ -108,7 +108,8 @@ def attention_to_nodes(
     num_kv_heads = key.shape[2]
     grouped_query = query.float().view(num_reqs, width, num_kv_heads, -1, head_dim)
     logits = torch.einsum("rwkgd,rmkd->rkgwm", grouped_query, key.float()) * scale
-    logits = logits.masked_fill(~allowed[None, None, None], float("-inf"))
+    allowed = allowed.expand(num_reqs, width, key.shape[1])
+    logits = logits.masked_fill(~allowed[:, None, None], float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)  # [R, Hkv, G, W]
     probs = torch.exp(logits - lse[..., None].clamp(min=torch.finfo(torch.float32).min))
     output = torch.einsum("rkgwm,rmkd->rwkgd", probs, value.float())

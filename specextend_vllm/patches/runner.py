@@ -109,7 +109,7 @@ class TreePositionsAndMasks(VllmPatch):
         prepared = TreePositionsAndMasks.original(self, scheduler_output, num_scheduled_tokens)
         verifier = _tree_verifier(self)
         if verifier is not None:
-            verifier.plan(prepared[1], self.positions)
+            verifier.plan(prepared[1], self.positions, self.drafter.tree_parents_of_batch)
         return prepared
 
 

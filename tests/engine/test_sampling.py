@@ -49,6 +49,9 @@ def samples(tiny_models: dict[str, Path]) -> dict[str, list[list[int]]]:
         "specextend_tree": specextend_config(
             draft, tree=[[0], [1], [0, 0], [0, 1]], num_speculative_tokens=4
         ),
+        "specextend_dynamic_tree": specextend_config(
+            draft, tree="dynamic", num_speculative_tokens=6, tree_max_depth=3
+        ),
     }
     runs = {}
     for name, config in configs.items():
@@ -69,7 +72,9 @@ def min_p_value(first: list[list[int]], second: list[list[int]]) -> float:
     )
 
 
-@pytest.mark.parametrize("method", ["draft_model", "specextend", "specextend_tree"])
+@pytest.mark.parametrize(
+    "method", ["draft_model", "specextend", "specextend_tree", "specextend_dynamic_tree"]
+)
 def test_sampled_tokens_follow_the_target_distribution(samples: dict[str, list[list[int]]], method: str) -> None:
     """draft_model too: on CPU it relies on the plugin's fix of vLLM's expand kernel."""
     assert min_p_value(samples["plain"], samples[method]) > 0.001 / MAX_TOKENS

@@ -1,6 +1,7 @@
-"""Token trees through the engine: greedy output equals plain decoding under every
-retrieval policy and on compact positions past the draft's trained length; a
-chain-shaped tree gives the chain's outputs and its acceptance."""
+"""Token trees through the engine: greedy output equals plain decoding with static trees
+under every retrieval policy and with dynamic trees, on absolute and on compact positions
+past the draft's trained length; a chain-shaped tree gives the chain's outputs and its
+acceptance."""
 
 from __future__ import annotations
 
@@ -27,16 +28,20 @@ pytestmark = pytest.mark.engine
 
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
 DRAFT_TRAINED_LENGTH = 256
+DYNAMIC = {"tree": "dynamic", "num_speculative_tokens": 10, "tree_max_depth": 4}
 RUNS = {
     "cmr": {"policy": "cmr"},
     "streaming": {"policy": "streaming"},
     "full": {"policy": "full"},
     "compact": {"policy": "cmr", "positions": "compact"},
+    "dynamic": {"policy": "cmr", **DYNAMIC},
+    "dynamic_compact": {"policy": "cmr", "positions": "compact", **DYNAMIC},
 }
 
 
-def tree_config(draft: Path, tree: list[list[int]] = TREE, **keys: Any) -> dict[str, Any]:
-    return specextend_config(draft, num_speculative_tokens=len(tree), tree=tree, **keys)
+def tree_config(draft: Path, tree: list[list[int]] | str = TREE, **keys: Any) -> dict[str, Any]:
+    keys.setdefault("num_speculative_tokens", len(tree))
+    return specextend_config(draft, tree=tree, **keys)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +58,7 @@ def tree_run(
     short_trained_draft: Path,
     prompts: list[list[int]],
 ) -> tuple[str, EngineRun]:
-    draft = short_trained_draft if request.param == "compact" else tiny_models["draft_noisy"]
+    draft = short_trained_draft if "compact" in request.param else tiny_models["draft_noisy"]
     config = tree_config(draft, **RUNS[request.param])
     return request.param, decode(tiny_models["target"], prompts, MAX_TOKENS, config)
 
@@ -70,7 +75,7 @@ def test_trees_are_verified_and_paths_accepted(tree_run: tuple[str, EngineRun]) 
     assert run.counts["num_drafts"] > 0
     assert 0 < run.counts["num_accepted_tokens"] < run.counts["num_draft_tokens"]
     assert run.stats["hybrid_verifications"] > 0
-    if name == "compact":
+    if "compact" in name:
         assert max(PROMPT_LENGTHS) > DRAFT_TRAINED_LENGTH
         assert run.stats["compact_draft_steps"] > 0
 

@@ -85,7 +85,12 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
             {"retrieval_trigger": "sometimes"},
             r"\['retrieval_trigger'\] must be one of \['interval', 'adaptive'\]",
         ),
-        ({"tree": "bushy"}, r"\['tree'\] must be 'chain' or a list of paths"),
+        ({"tree": "bushy"}, r"\['tree'\] must be 'chain', 'dynamic' or a list of paths"),
+        (
+            {"tree": "dynamic", "tree_max_depth": 2, "num_speculative_tokens": 40},
+            r"\['num_speculative_tokens'\] must be between 1 and 20 for a dynamic tree",
+        ),
+        ({"tree": "dynamic", "tree_max_depth": 0}, r"\['tree_max_depth'\] must be >= 1"),
         ({"tree": [[0], [0, 0, 1]]}, r"\['tree'\]: path \[0, 0, 1\] has no parent"),
         (
             {"tree": [[0], [1], [2], [0, 0]]},

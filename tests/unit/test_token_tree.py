@@ -4,7 +4,14 @@ import pytest
 import torch
 from scipy import stats
 
-from specextend_vllm.algorithm.token_tree import TokenTree, TokenTreeError, accept_paths
+from specextend_vllm.algorithm.token_tree import (
+    DynamicTreeGrowth,
+    TokenTree,
+    TokenTreeError,
+    accept_paths,
+    ancestors_from_parents,
+    masks_from_ancestors,
+)
 
 
 def random_tree(rng: random.Random, num_nodes: int, max_children: int = 3) -> TokenTree:
@@ -97,8 +104,8 @@ def test_acceptance_matches_brute_force_on_random_trees(seed):
     paths = accept_paths(
         torch.tensor(tokens),
         torch.tensor(choices),
-        tree.ancestors_by_depth(),
-        torch.tensor(tree.parents),
+        tree.ancestors_by_depth().expand(num_reqs, -1, -1),
+        torch.tensor(tree.parents).expand(num_reqs, -1),
         num_drafts,
     )
     for r in range(num_reqs):
@@ -123,8 +130,8 @@ def test_a_chain_shaped_tree_accepts_as_the_chain_does():
     drafts = torch.tensor([[0, 3, 4, 5, 6], [0, 3, 4, 5, 6]])
     choices = torch.tensor([[3, 4, 9, 0, 0], [3, 4, 5, 6, 7]])
     paths = accept_paths(
-        drafts, choices, tree.ancestors_by_depth(), torch.tensor(tree.parents),
-        torch.tensor([4, 4]),
+        drafts, choices, tree.ancestors_by_depth().expand(2, -1, -1),
+        torch.tensor(tree.parents).expand(2, -1), torch.tensor([4, 4]),
     )
     assert paths.output_tokens.tolist() == [[3, 4, 9, -1, -1], [3, 4, 5, 6, 7]]
     assert paths.chain_order.tolist() == [[0, 1, 2, 3, 4]] * 2
@@ -147,8 +154,10 @@ def test_sampling_on_a_tree_follows_the_target_distribution():
         conditional[previous], num_samples, replacement=True, generator=generator
     ).T
     paths = accept_paths(
-        node_tokens.expand(num_samples, -1), choices, tree.ancestors_by_depth(),
-        torch.tensor(tree.parents), torch.full((num_samples,), tree.num_drafts),
+        node_tokens.expand(num_samples, -1), choices,
+        tree.ancestors_by_depth().expand(num_samples, -1, -1),
+        torch.tensor(tree.parents).expand(num_samples, -1),
+        torch.full((num_samples,), tree.num_drafts),
     )
     first = paths.output_tokens[:, 0]
     observed = torch.bincount(first, minlength=vocab).double()
@@ -158,3 +167,74 @@ def test_sampling_on_a_tree_follows_the_target_distribution():
         second = torch.bincount(paths.output_tokens[rows, 1], minlength=vocab).double()
         expected = conditional[token] * second.sum()
         assert stats.chisquare(second, expected).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_per_request_ancestors_and_masks_match_the_static_topology(seed):
+    trees = [random_tree(random.Random(seed * 10 + r), 12) for r in range(3)]
+    parents = torch.tensor([tree.parents for tree in trees])
+    depth = max(tree.max_depth for tree in trees)
+    ancestors = ancestors_from_parents(parents, depth)
+    for r, tree in enumerate(trees):
+        expected = tree.ancestors_by_depth()
+        assert torch.equal(ancestors[r, :, : expected.shape[1]], expected)
+        assert (ancestors[r, :, expected.shape[1]:] == -1).all()
+    masks = masks_from_ancestors(ancestors)
+    for r, tree in enumerate(trees):
+        assert torch.equal(masks[r], tree.ancestor_mask())
+
+
+def brute_force_dynamic_tree(root_logprobs, logprobs_of, num_nodes, branching, width, depth):
+    """The same growth one request at a time with Python lists: candidates are
+    (score, path of tokens); returns the chosen paths."""
+    candidates = []
+    frontier = [(float(s), (int(t),)) for s, t in zip(*root_logprobs.topk(branching))]
+    candidates += frontier
+    for _ in range(depth - 1):
+        expanded = sorted(frontier, key=lambda c: -c[0])[:width]
+        frontier = []
+        for score, path in expanded:
+            values, tokens = logprobs_of(path).topk(branching)
+            frontier += [(score + float(v), (*path, int(t))) for v, t in zip(values, tokens)]
+        candidates += frontier
+    return {path for _, path in sorted(candidates, key=lambda c: -c[0])[:num_nodes]}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dynamic_growth_keeps_the_most_probable_paths(seed):
+    generator = torch.Generator().manual_seed(seed)
+    vocab, num_reqs, depth, branching, width, num_nodes = 12, 3, 4, 3, 2, 9
+    # The draft's log-probabilities at a node depend on the path's last two tokens.
+    table = torch.log_softmax(torch.randn(vocab, vocab, vocab, generator=generator) * 2, dim=-1)
+    roots = torch.log_softmax(torch.randn(num_reqs, vocab, generator=generator) * 2, dim=-1)
+
+    def logprobs_of(request, path):
+        return table[path[-2] if len(path) > 1 else request, path[-1]]
+
+    growth = DynamicTreeGrowth(num_nodes, branching, width)
+    growth.start(roots)
+    paths_of_candidates = [[(int(t),) for t in row] for row in growth.tokens[0]]
+    for _ in range(depth - 1):
+        expanded = growth.expand()
+        expanded_paths = [[paths_of_candidates[r][i] for i in expanded[r].tolist()] for r in range(num_reqs)]
+        growth.add_children(torch.stack([
+            torch.stack([logprobs_of(r, path) for path in expanded_paths[r]]) for r in range(num_reqs)
+        ]))
+        tokens = growth.tokens[-1].view(num_reqs, width, branching)
+        paths_of_candidates = [
+            [(*expanded_paths[r][w], int(tokens[r, w, c])) for w in range(width) for c in range(branching)]
+            for r in range(num_reqs)
+        ]
+    node_tokens, parents = growth.tree()
+    for r in range(num_reqs):
+        paths = {}
+        for node in range(1, num_nodes + 1):
+            parent = int(parents[r, node])
+            assert parent < node
+            paths[node] = (*paths.get(parent, ()), int(node_tokens[r, node - 1]))
+        expected = brute_force_dynamic_tree(
+            roots[r], lambda path: logprobs_of(r, path), num_nodes, branching, width, depth
+        )
+        assert set(paths.values()) == expected
+        depths = [len(path) for path in paths.values()]
+        assert depths == sorted(depths)

@@ -32,13 +32,20 @@ def step_metadata() -> tuple[SimpleNamespace, torch.Tensor]:
 
 
 def new_verifier(caches: list[torch.Tensor] | None = None) -> TreeVerifier:
-    return TreeVerifier(TREE, torch.device("cpu"), lambda: caches or [], FinalLayerQuery(2, HEAD_DIM), BLOCK_SIZE)
+    return TreeVerifier(
+        TREE.num_drafts, TREE.max_depth, torch.device("cpu"), lambda: caches or [],
+        FinalLayerQuery(2, HEAD_DIM), BLOCK_SIZE,
+    )
+
+
+def static_parents(num_reqs: int) -> torch.Tensor:
+    return torch.tensor(TREE.parents).expand(num_reqs, -1)
 
 
 def test_plan_puts_nodes_at_positions_by_depth_and_masks_trees_only() -> None:
     verifier = new_verifier()
     metadata, positions = step_metadata()
-    verifier.plan(metadata, positions)
+    verifier.plan(metadata, positions, static_parents)
     assert positions.tolist() == [40, 41, 41, 42, 0, 1, 2, 3, 4, 10, 11, 11]
     step = verifier.step
     assert step.step_rows[0].tolist() == [0, 1, 2, 3] and step.step_rows[2, :3].tolist() == [9, 10, 11]
@@ -46,7 +53,7 @@ def test_plan_puts_nodes_at_positions_by_depth_and_masks_trees_only() -> None:
     assert attention.tree_requests.tolist() == [0, 2]
     assert torch.equal(attention.masks[0], TREE.ancestor_mask())
     assert torch.equal(attention.masks[1], torch.ones(4, 4, dtype=torch.bool).tril())
-    verifier.plan(None, positions)
+    verifier.plan(None, positions, static_parents)
     assert verifier.attention_step() is None
 
 
@@ -57,7 +64,7 @@ def test_a_step_where_no_request_drafted_has_no_tree_attention() -> None:
         logits_indices=torch.tensor([0, 1], dtype=torch.int32),
         cu_num_sampled_tokens=torch.tensor([1, 2], dtype=torch.int32),
     )
-    verifier.plan(metadata, torch.tensor([7, 9]))
+    verifier.plan(metadata, torch.tensor([7, 9]), static_parents)
     assert verifier.step is not None and verifier.attention_step() is None
 
 
@@ -72,7 +79,7 @@ def test_leave_chain_moves_the_accepted_path_into_the_first_slots(layout: str) -
     keys, values = kv_cache_layout.key_cache_view(raw), kv_cache_layout.value_cache_view(raw)
     verifier = new_verifier([raw])
     metadata, positions = step_metadata()
-    verifier.plan(metadata, positions)
+    verifier.plan(metadata, positions, static_parents)
     # The target's choices: request 0 accepts node 2 (a leaf), request 2 node 1.
     input_ids = torch.tensor([5, 11, 12, 13, 0, 0, 0, 0, 0, 6, 21, 22])
     slot_mapping = torch.tensor([9, 10, 11, 12, 0, 1, 2, 3, 4, 17, 18, 19])
@@ -101,3 +108,19 @@ def test_leave_chain_moves_the_accepted_path_into_the_first_slots(layout: str) -
     assert torch.equal(keys[block, offset], key_before)
     assert torch.equal(values[block, offset], value_before)
     assert torch.equal(keys[18 // BLOCK_SIZE, 18 % BLOCK_SIZE], untouched)
+
+
+def test_each_request_verifies_its_own_tree() -> None:
+    """Request 0's tree has two children under node 1, request 2's is a star: positions
+    and masks follow each."""
+    verifier = new_verifier()
+    metadata, positions = step_metadata()
+    parents = torch.tensor([[-1, 0, 1, 1], [-1, 0, 0, 1], [-1, 0, 0, 0]])
+    verifier.plan(metadata, positions, lambda num_reqs: parents)
+    assert positions.tolist() == [40, 41, 42, 42, 0, 1, 2, 3, 4, 10, 11, 11]
+    masks = verifier.attention_step().masks
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(masks[0], expected)
+    star = torch.eye(4, dtype=torch.bool)
+    star[:, 0] = True
+    assert torch.equal(masks[2], star)
