@@ -153,8 +153,9 @@ def mean_acceptance_length(requests: list[RequestFigures]) -> float | None:
 
 
 def time_breakdown(step_records: list[dict[str, Any]], max_decode_tokens: int, decode_wall_s: float) -> dict[str, Any]:
-    """Mean seconds per decoding step: target forward, the draft proposal and its passes,
-    and the rest of the step (scheduling, sampling, bookkeeping). Steps that processed more
+    """Mean seconds per decoding step: target forward, sampling (with verification: the
+    rejection sampler, or a tree's acceptance and KV moves), the draft proposal and its
+    passes, and the rest of the step (scheduling, bookkeeping). Steps that processed more
     than `max_decode_tokens` target tokens are prefill and left out."""
     decode = [r for r in step_records if r["num_target_tokens"] <= max_decode_tokens]
     if not decode:
@@ -164,13 +165,15 @@ def time_breakdown(step_records: list[dict[str, Any]], max_decode_tokens: int, d
     later = [s for p in passes for s in p[1:]]
     target = sum(r["target_forward_s"] for r in decode) / n
     propose = sum(r["propose_s"] for r in decode) / n
+    sample = sum(r.get("sample_s", 0.0) for r in decode) / n
     step = decode_wall_s / n
     return {
         "steps": n,
         "step_s": step,
         "target_forward_s": target,
+        "sample_s": sample,
         "propose_s": propose,
         "first_draft_pass_s": sum(p[0] for p in passes) / len(passes) if passes else 0.0,
         "later_draft_pass_s": sum(later) / len(later) if later else 0.0,
-        "other_s": max(step - target - propose, 0.0),
+        "other_s": max(step - target - sample - propose, 0.0),
     }

@@ -1,5 +1,6 @@
-"""Where a decoding step's time goes: the target's forward pass, the draft proposal and
-each draft pass. Opt-in (`SPECEXTEND_STEP_TIMINGS=1`), read with `step_timings(llm)`.
+"""Where a decoding step's time goes: the target's forward pass, the sampling (with
+verification: the rejection sampler, or a tree's acceptance and KV moves), the draft
+proposal and each draft pass. Opt-in (`SPECEXTEND_STEP_TIMINGS=1`), read with `step_timings(llm)`.
 
 Times are wall clock around the work; with CUDA the timer synchronizes the device at
 every boundary, which slows the engine down but attributes the time correctly.
@@ -29,6 +30,7 @@ class StepRecord:
 
     num_target_tokens: int
     target_forward_s: float = 0.0
+    sample_s: float = 0.0
     propose_s: float = 0.0
     draft_passes_s: list[float] = dataclasses.field(default_factory=list)
 
@@ -37,8 +39,8 @@ class StepTimer:
     """Records the recent steps of one worker.
 
     Example: a step that verifies 5 tokens and drafts 4 leaves
-    StepRecord(num_target_tokens=5, target_forward_s=0.31, propose_s=0.12,
-               draft_passes_s=[0.04, 0.025, 0.025, 0.025]).
+    StepRecord(num_target_tokens=5, target_forward_s=0.31, sample_s=0.002,
+               propose_s=0.12, draft_passes_s=[0.04, 0.025, 0.025, 0.025]).
     """
 
     def __init__(self, synchronize: Callable[[], None] | None = None, history: int = 16384):
@@ -58,13 +60,23 @@ class StepTimer:
 
     @contextmanager
     def propose(self) -> Iterator[None]:
+        with self._add_to("propose_s"):
+            yield
+
+    @contextmanager
+    def sample(self) -> Iterator[None]:
+        with self._add_to("sample_s"):
+            yield
+
+    @contextmanager
+    def _add_to(self, field: str) -> Iterator[None]:
         record = self._current()
         start = self._now()
         try:
             yield
         finally:
             if record is not None:
-                record.propose_s += self._now() - start
+                setattr(record, field, getattr(record, field) + self._now() - start)
 
     def draft_pass_started(self) -> None:
         self._draft_pass_start = self._now()

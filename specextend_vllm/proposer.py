@@ -349,14 +349,25 @@ class SpecExtendProposer(DraftModelProposer):
             reduced_block_table=reduced_block_table,
             reduced_prefix_lens=root_positions + 1 - offsets,
             forward=self._tree_pass_forward,
-            compute_logits=self.model.compute_logits,
+            compute_logits=self._draft_logits,
         )
-        tokens, parents = self.tree_drafter.draft(
-            self.model.compute_logits(root_hidden_states), passes
-        )
+        tokens, parents = self.tree_drafter.draft(self._draft_logits(root_hidden_states), passes)
         slots = self.retrieval_state.slots(request_ids(self.runner, num_reqs))
         self._tree_parents[slots] = parents
+        if self.use_heterogeneous_vocab:
+            assert self.vocab_mapping is not None
+            tokens = self.vocab_mapping.map_draft_to_target_ids(tokens)
         return tokens
+
+    def _draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The draft's logits; with another tokenizer, over the tokens both vocabularies
+        share only (the tree is drafted in the draft's ids, mapped to the target's at the
+        end)."""
+        logits = self.model.compute_logits(hidden_states)
+        if self.use_heterogeneous_vocab:
+            assert self.vocab_mapping is not None
+            logits = self.vocab_mapping.constrain_draft_logits(logits)
+        return logits
 
     def _tree_pass_forward(
         self,

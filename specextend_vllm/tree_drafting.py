@@ -121,11 +121,12 @@ class TreePasses:
         num_reqs = fields["root_positions"].shape[0]
         num_kv_heads, head_dim, dtype = kv_shape
         device = fields["root_positions"].device
+        # Zeros, not empty: a masked node still meets its value as 0 * value.
         node_keys = [
-            torch.empty(num_reqs, num_buffer_nodes, num_kv_heads, head_dim, dtype=dtype, device=device)
+            torch.zeros(num_reqs, num_buffer_nodes, num_kv_heads, head_dim, dtype=dtype, device=device)
             for _ in range(num_layers)
         ]
-        return cls(node_keys=node_keys, node_values=[torch.empty_like(k) for k in node_keys], **fields)
+        return cls(node_keys=node_keys, node_values=[torch.zeros_like(k) for k in node_keys], **fields)
 
     def run(
         self,

@@ -41,6 +41,14 @@ class SpeculativeConfigFromDict(VllmPatch):
                 f"{self.pipeline_parallel_size}: the draft's chunk selection reads the target's "
                 "final attention layer on the rank that drafts. Use tensor_parallel_size."
             )
+        if method_config.tree != "chain":
+            if self.async_scheduling:
+                raise SpecExtendConfigError(
+                    "async_scheduling cannot be used with speculative_config['tree']: trees "
+                    "are verified with synchronous scheduling. Leave async_scheduling unset "
+                    "(trees turn it off) or set it false."
+                )
+            self.async_scheduling = False
         self.speculative_config = vllm_keys
         try:
             speculative_config = original(self, *args, **kwargs)
@@ -48,11 +56,6 @@ class SpeculativeConfigFromDict(VllmPatch):
             self.speculative_config = user_config
         if not speculative_config.use_heterogeneous_vocab:
             speculative_config.verify_equal_vocab_size_if_draft_model()
-        elif method_config.tree != "chain":
-            raise SpecExtendConfigError(
-                "speculative_config['tree'] needs a draft with the target's tokenizer; this "
-                "draft's vocabulary differs (cross-tokenizer drafts draft chains only)."
-            )
         method_config.check_draft_trained_length(draft_trained_length(speculative_config))
         self._specextend_config = method_config
         return speculative_config

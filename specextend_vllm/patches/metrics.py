@@ -208,6 +208,18 @@ class TimeTargetForward(VllmPatch):
             return TimeTargetForward.original(self, input_ids, positions, *args, **kwargs)
 
 
+class TimeSampling(VllmPatch):
+    """Times the sampling of each step (with trees: acceptance and the KV moves)."""
+
+    target = gpu_model_runner.GPUModelRunner
+    attribute = "_sample"
+
+    @staticmethod
+    def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _step_timer(self).sample():
+            return TimeSampling.original(self, *args, **kwargs)
+
+
 class TimeDraftProposal(VllmPatch):
     """Times the whole proposal, and each draft pass through hooks on the draft model."""
 

@@ -33,6 +33,7 @@ PATCHES: tuple[type[VllmPatch], ...] = (
 
 STEP_TIMING_PATCHES: tuple[type[VllmPatch], ...] = (
     metrics.TimeTargetForward,
+    metrics.TimeSampling,
     metrics.TimeDraftProposal,
     metrics.WorkerReportsStepTimings,
 )

@@ -103,19 +103,26 @@ def test_chunk_size_switched_on_a_running_engine_stays_lossless(
     assert len(retrieval_stats(compact_llm)[0]["selections"][-1]["kept_chunks"]) == 1
 
 
+@pytest.mark.parametrize(
+    "drafts", [{}, {"tree": "dynamic", "num_speculative_tokens": 6, "tree_max_depth": 3}]
+)
 def test_cross_tokenizer_draft_with_compact_positions(
     tiny_models: dict[str, Path],
     tmp_path_factory: pytest.TempPathFactory,
     prompts: list[list[int]],
     plain_outputs: list[list[int]],
+    drafts: dict[str, Any],
 ) -> None:
     """A draft with its own tokenizer (400 of 512 tokens shared) through vLLM's
-    use_heterogeneous_vocab: it starts, drafts, has tokens accepted, and output is the target's."""
+    use_heterogeneous_vocab, drafting chains or trees: it starts, drafts, has tokens
+    accepted, and output is the target's."""
     target, draft = save_cross_tokenizer_pair(
         tmp_path_factory.mktemp("cross"), tiny_models["target"], 400, seed=5
     )
     set_trained_length(draft, DRAFT_TRAINED_LENGTH)
-    config = specextend_config(draft, positions="compact", use_heterogeneous_vocab=True)
+    config = specextend_config(
+        draft, positions="compact", use_heterogeneous_vocab=True, **drafts
+    )
     run = decode(target, prompts, MAX_TOKENS, config, skip_tokenizer_init=False)
     assert run.outputs == plain_outputs
     assert run.counts["num_accepted_tokens"] > 0

@@ -16,6 +16,11 @@ pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 24
 PROMPT_LENGTHS = [300, 450, 600, 700, 380, 520]
+# Chains, and dynamic token trees (whose accepted paths move in the KV cache).
+DRAFTS = {
+    "chain": {},
+    "dynamic_tree": {"tree": "dynamic", "num_speculative_tokens": 6, "tree_max_depth": 3},
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +46,13 @@ def run_engine_until_done(engine, params: SamplingParams, abort_after_steps: int
     return finished
 
 
+@pytest.mark.parametrize("drafts", list(DRAFTS))
 def test_aborts_and_reused_ids_do_not_disturb_other_requests(
-    tiny_models: dict[str, Path], prompts: list[list[int]], plain_outputs: list[list[int]]
+    tiny_models: dict[str, Path], prompts: list[list[int]], plain_outputs: list[list[int]], drafts: str
 ) -> None:
-    llm = make_llm(tiny_models["target"], specextend_config(tiny_models["draft_noisy"]))
+    llm = make_llm(
+        tiny_models["target"], specextend_config(tiny_models["draft_noisy"], **DRAFTS[drafts])
+    )
     engine = llm.llm_engine
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     for index, prompt in enumerate(prompts):
@@ -66,14 +74,15 @@ def test_aborts_and_reused_ids_do_not_disturb_other_requests(
     assert stats["retrievals"] > 0
 
 
-def test_preemption_keeps_outputs_exact(tiny_models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("drafts", list(DRAFTS))
+def test_preemption_keeps_outputs_exact(tiny_models: dict[str, Path], drafts: str) -> None:
     # Four prompts of 10 blocks of 32 tokens fill 42 blocks; their growth past 320 tokens
     # does not fit, and the scheduler preempts.
     prompts = random_prompts([310, 315, 318, 312], seed=12)
     expected = decode(tiny_models["target"], prompts, MAX_TOKENS).outputs
     llm = make_llm(
         tiny_models["target"],
-        specextend_config(tiny_models["draft_noisy"]),
+        specextend_config(tiny_models["draft_noisy"], **DRAFTS[drafts]),
         num_gpu_blocks_override=42,
         enable_prefix_caching=False,
     )

@@ -130,3 +130,22 @@ def test_requests_with_history_dependent_sampling_are_refused(
         tree_llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
     ok = tree_llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4), use_tqdm=False)
     assert len(ok[0].outputs[0].token_ids) == 4
+
+
+def test_cached_keys_and_values_of_tree_decoded_tokens_are_the_prefills(
+    tree_llm: Any, prompts: list[list[int]]
+) -> None:
+    """A prompt extended by its tree-decoded output finds in the prefix cache the blocks
+    that tree verification wrote (accepted paths moved into place); the continuation from
+    them equals the one from a fresh prefill of the same tokens."""
+    prompt = prompts[3]  # 260 tokens: 60 decoded tokens fill the block at 256-287
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    [first] = tree_llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    extended = {"prompt_token_ids": prompt + list(first.outputs[0].token_ids)}
+    continuation = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    [from_cache] = tree_llm.generate([extended], continuation, use_tqdm=False)
+    assert from_cache.num_cached_tokens >= 288
+    assert tree_llm.reset_prefix_cache()
+    [fresh] = tree_llm.generate([extended], continuation, use_tqdm=False)
+    assert fresh.num_cached_tokens == 0
+    assert from_cache.outputs[0].token_ids == fresh.outputs[0].token_ids

@@ -205,3 +205,14 @@ def test_trees_report_raw_logprobs_only(tiny_models: dict[str, Path]) -> None:
     assert build_engine_config(tiny_models["target"], config).additional_config["specextend"][
         "tree"
     ] == [[0], [1], [0, 0]]
+
+
+def test_trees_turn_async_scheduling_off_and_refuse_it_when_asked(
+    tiny_models: dict[str, Path]
+) -> None:
+    config = specextend_config(
+        tiny_models["draft_noisy"], tree=[[0], [1], [0, 0]], num_speculative_tokens=3
+    )
+    assert build_engine_config(tiny_models["target"], config).scheduler_config.async_scheduling is False
+    with pytest.raises(ValueError, match=r"async_scheduling cannot be used with speculative_config\['tree'\]"):
+        build_engine_config(tiny_models["target"], config, async_scheduling=True)
