@@ -19,7 +19,7 @@ PROMPT_LENGTHS = [300, 450, 600, 700, 380, 520]
 # Chains, and dynamic token trees (whose accepted paths move in the KV cache).
 DRAFTS = {
     "chain": {},
-    "dynamic_tree": {"tree": "dynamic", "num_speculative_tokens": 6, "tree_max_depth": 3},
+    "dynamic_tree": {"tree": "dynamic", "num_speculative_tokens": 3, "tree_max_depth": 2},
 }
 
 

@@ -91,12 +91,7 @@ def test_a_chain_shaped_tree_gives_the_chains_outputs_and_acceptance(
         tiny_models["target"], prompts, MAX_TOKENS, tree_config(tiny_models["draft_noisy"], chain_tree)
     )
     assert tree.outputs == chain.outputs
-    assert tree.counts["num_draft_tokens"] == chain.counts["num_draft_tokens"]
-    # The tree's draft passes attend through the plugin's kernels, the chain's through
-    # vLLM's: float32 sums in another order, which can flip a near-tie of the random
-    # tiny draft's logits.
-    accepted = tree.counts["num_accepted_tokens"], chain.counts["num_accepted_tokens"]
-    assert abs(accepted[0] - accepted[1]) <= 0.05 * accepted[1]
+    assert tree.counts == chain.counts
 
 
 @pytest.fixture(scope="module")
