@@ -138,6 +138,11 @@ def run_trees(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
             "num_speculative_tokens": num_nodes,
             "tree_max_depth": args.k,
         }
+    if args.tree_settings:
+        configs = {
+            name: config for name, config in configs.items()
+            if name == "no_speculation" or name.removeprefix("specextend_") in args.tree_settings
+        }
     args.methods = list(configs)
     return run_lengths(args, target, tokenizer, configs, {}, "trees")
 
@@ -499,6 +504,12 @@ def parse_args() -> argparse.Namespace:
         "--append",
         action="store_true",
         help="speed, tiny_draft: add these runs to the saved ones (more texts, lengths or methods)",
+    )
+    parser.add_argument(
+        "--tree-settings",
+        nargs="+",
+        help="trees: settings to run besides no speculation (chain, tree8, tree16, dynamic8, "
+        "dynamic16; default all)",
     )
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9], help="needle")
     parser.add_argument("--budget", type=int, default=256, help="needle: token_budget")
