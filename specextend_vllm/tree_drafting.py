@@ -167,7 +167,6 @@ class StaticTreeDrafter:
     become its children, by rank."""
 
     def __init__(self, tree: TokenTree, device: torch.device):
-        self.tree = tree
         self.num_nodes = tree.num_drafts + 1
         self.num_buffer_nodes = self.num_nodes
         self.expansions = tree.expansions(device)
