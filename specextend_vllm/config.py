@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from specextend_vllm.algorithm.token_tree import MAX_TREE_NODES, TokenTree, TokenTreeError
@@ -298,6 +298,33 @@ class SpecExtendConfig:
         if self.tree != "chain":
             return "hybrid"
         return AUTO_VERIFICATION_ATTENTION.get(device_type, "native")
+
+    def exact_verification_attention(
+        self, blockers: Sequence[str], device_type: str
+    ) -> Literal["hybrid", "native"]:
+        """The verification attention that verifies exactly on a target whose attention
+        does `blockers` (what hybrid attention does not reproduce: a sliding window, a
+        quantized KV cache, ...). vLLM's attention verifies a chain exactly, never a tree:
+        a tree, or `hybrid` asked for by name, on such a target is refused.
+
+        >>> SpecExtendConfig().exact_verification_attention(["sliding window"], "cpu")
+        'native'
+        """
+        wanted = self.verification_attention_on(device_type)
+        if wanted == "native" or not blockers:
+            return wanted
+        if self.tree != "chain":
+            raise SpecExtendConfigError(
+                "speculative_config['tree'] is verified exactly only by hybrid tree "
+                f"attention, which cannot serve this target: its attention uses "
+                f"{list(blockers)}. Use tree 'chain' (verified on vLLM's attention)."
+            )
+        if self.verification_attention == "hybrid":
+            raise SpecExtendConfigError(
+                "speculative_config['verification_attention'] 'hybrid' cannot verify for "
+                f"this target, whose attention uses {list(blockers)}; use 'native' or 'auto'."
+            )
+        return "native"
 
     def uses_compact_positions(self) -> bool:
         return self.policy != "full" and self.positions != "absolute"

@@ -54,7 +54,10 @@ from specextend_vllm.verification import (
     flash_attn_prefix_attention,
 )
 from specextend_vllm.vllm_access import layers, logger
-from specextend_vllm.vllm_access.attention import plain_attention_blockers
+from specextend_vllm.vllm_access.attention import (
+    hybrid_cache_layout_blocker,
+    plain_attention_blockers,
+)
 from specextend_vllm.vllm_access.parallel import mean_over_tensor_parallel_ranks
 from specextend_vllm.vllm_access.config import (
     draft_trained_length,
@@ -130,16 +133,12 @@ class SpecExtendProposer(DraftModelProposer):
             mean_over_ranks=mean_over_tensor_parallel_ranks(),
         )
         self._prepare_verification_paths()
-        self._route_verification(self.method_config)
 
     def _prepare_verification_paths(self) -> None:
         """One hybrid verification path per target attention layer, routed or not by
-        `verification_attention`."""
+        `verification_attention` once the layers' cache layouts are known."""
         target_layers = layers.target_attention_layers(
             self.vllm_config, self._draft_attn_layer_names
-        )
-        self._verification_blockers = sorted(
-            {blocker for layer in target_layers for blocker in plain_attention_blockers(layer.impl)}
         )
         self._verification_paths = [
             (
@@ -148,7 +147,6 @@ class SpecExtendProposer(DraftModelProposer):
                     layer.impl.scale,
                     self.num_speculative_tokens + 1,
                     self._prefix_attention,
-                    lambda layer=layer: layers.has_supported_cache_layout(layer),
                     self.metrics.record_hybrid_verification if index == 0 else None,
                     self._tree_attention_step if self.drafts_trees else None,
                 ),
@@ -156,23 +154,35 @@ class SpecExtendProposer(DraftModelProposer):
             for index, layer in enumerate(target_layers)
         ]
 
+    def _find_verification_blockers(self) -> None:
+        """What keeps hybrid attention from verifying exactly, read off the target's
+        layers: the configs' view checked before loading, and what only the layers show
+        (attention sinks, the backend's cache layout)."""
+        target_layers = layers.target_attention_layers(
+            self.vllm_config, self._draft_attn_layer_names
+        )
+        self._verification_blockers = sorted(
+            {blocker for layer in target_layers for blocker in plain_attention_blockers(layer.impl)}
+            | {
+                blocker
+                for layer in target_layers
+                if (blocker := hybrid_cache_layout_blocker(layer)) is not None
+            }
+        )
+
     def _route_verification(self, config: SpecExtendConfig) -> None:
-        hybrid = config.verification_attention_on(self.device.type) == "hybrid"
-        if hybrid and self._verification_blockers:
-            if config.verification_attention == "hybrid":
-                raise ValueError(
-                    "speculative_config['verification_attention'] 'hybrid' cannot verify "
-                    f"for this target, whose attention uses {self._verification_blockers}; "
-                    "use 'native' or 'auto'."
-                )
-            hybrid = False
+        verification = config.exact_verification_attention(
+            self._verification_blockers, self.device.type
+        )
         for seam, path in self._verification_paths:
-            seam.compute_with(path if hybrid else None)
-        logger.info("SpecExtend: verification attention %s", "hybrid" if hybrid else "native")
+            seam.compute_with(path if verification == "hybrid" else None)
+        logger.info("SpecExtend: verification attention %s", verification)
 
     def initialize_attn_backend(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
         super().initialize_attn_backend(kv_cache_config, *args, **kwargs)
         self.method_config.check_block_size(self.block_size)
+        self._find_verification_blockers()
+        self._route_verification(self.method_config)
         reserved = working_copy_manager_blocks(self.vllm_config, kv_cache_config)
         kernel_blocks_per_manager_block = manager_block_size(kv_cache_config) // self.block_size
         self._working_copy_region = (
@@ -236,6 +246,7 @@ class SpecExtendProposer(DraftModelProposer):
             self.block_size
         )
         config.check_draft_trained_length(self.trained_length)
+        config.check_tree_combination({"num_speculative_tokens": self.num_speculative_tokens})
         if config.uses_working_copies(self.block_size) and not self._working_copy_region[1]:
             raise ValueError(
                 f"cannot reconfigure to {config.to_dict()}: it drafts on working copies, and "

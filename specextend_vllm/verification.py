@@ -17,7 +17,6 @@ import torch
 
 from specextend_vllm import kv_cache_layout, ops
 from specextend_vllm.ops.tree_attention import tree_attention
-from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.attention import flash_attn_varlen_func, merge_attn_states
 
 
@@ -140,34 +139,19 @@ class HybridVerificationAttention:
         scale: float,
         max_verified_tokens: int,
         prefix_attention: PrefixAttention,
-        cache_layout_supported: Callable[[], bool],
         on_verification: Callable[[], None] | None = None,
         tree_step: Callable[[], TreeAttentionStep | None] | None = None,
     ):
         self.scale = scale
         self.max_verified_tokens = max_verified_tokens
         self.prefix_attention = prefix_attention
-        self._cache_layout_supported = cache_layout_supported
-        self._cache_layout_ok: bool | None = None
         self._on_verification = on_verification
         self._tree_step = tree_step or (lambda: None)
 
     def handles(self, batch: Any) -> bool:
         if self._tree_step() is not None:
-            return self._reads_cache_layout()
-        max_query_len = getattr(batch, "max_query_len", 0)
-        return 2 <= max_query_len <= self.max_verified_tokens and self._reads_cache_layout()
-
-    def _reads_cache_layout(self) -> bool:
-        """Checked at the first verification: caches are bound after the models load."""
-        if self._cache_layout_ok is None:
-            self._cache_layout_ok = self._cache_layout_supported()
-            if not self._cache_layout_ok:
-                logger.warning(
-                    "SpecExtend: the target's KV cache layout is not one the hybrid "
-                    "verification kernel reads; verification stays on vLLM's attention"
-                )
-        return self._cache_layout_ok
+            return True
+        return 2 <= getattr(batch, "max_query_len", 0) <= self.max_verified_tokens
 
     def __call__(
         self,

@@ -8,6 +8,7 @@ from typing import Any
 from vllm.config import VllmConfig
 from vllm.config.speculative import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms import current_platform
 
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig, SpecExtendConfigError
 from specextend_vllm.patches.base import VllmPatch
@@ -16,6 +17,7 @@ from specextend_vllm.vllm_access.config import (
     VLLM_SPECULATIVE_KEYS,
     draft_trained_length,
     specextend_config,
+    target_attention_blockers,
 )
 
 
@@ -74,6 +76,9 @@ class EngineConfigCarriesSpecExtend(VllmPatch):
         if method_config is None:
             return vllm_config
         method_config.check_block_size(vllm_config.cache_config.block_size)
+        method_config.exact_verification_attention(
+            target_attention_blockers(vllm_config), current_platform.device_type
+        )
         logprobs_mode = vllm_config.model_config.logprobs_mode
         if method_config.tree != "chain" and logprobs_mode not in ("raw_logprobs", "raw_logits"):
             raise SpecExtendConfigError(

@@ -9,7 +9,12 @@ from typing import Any
 
 from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
-__all__ = ["flash_attn_varlen_func", "merge_attn_states", "plain_attention_blockers"]
+__all__ = [
+    "flash_attn_varlen_func",
+    "hybrid_cache_layout_blocker",
+    "merge_attn_states",
+    "plain_attention_blockers",
+]
 
 
 def flash_attn_varlen_func() -> Callable[..., Any]:
@@ -34,3 +39,14 @@ def plain_attention_blockers(impl: Any) -> list[str]:
         != "auto",
     }
     return [name for name, present in blockers.items() if present]
+
+
+def hybrid_cache_layout_blocker(layer: Any) -> str | None:
+    """Why the verification kernels cannot read the layer's paged cache, or None: they
+    read the CPU backend's 'vec' layout and FlashAttention's. Known once the layer's
+    metadata builder exists (it sets the CPU layout), before any cache is allocated."""
+    isa = getattr(layer, "isa", None)
+    if isa is not None:
+        return None if isa == "vec" else f"CPU KV cache layout '{isa}'"
+    backend = layer.get_attn_backend().get_name()
+    return None if backend == "FLASH_ATTN" else f"attention backend {backend}"

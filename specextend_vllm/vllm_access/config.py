@@ -6,6 +6,7 @@ import dataclasses
 
 from vllm.config import VllmConfig
 from vllm.config.speculative import SpeculativeConfig
+from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from specextend_vllm.algorithm.positions import reserved_manager_blocks
@@ -31,6 +32,32 @@ def specextend_config(vllm_config: VllmConfig) -> SpecExtendConfig | None:
     if isinstance(additional, dict) and METHOD_NAME in additional:
         return SpecExtendConfig(**additional[METHOD_NAME])
     return None
+
+
+def target_attention_blockers(vllm_config: VllmConfig) -> list[str]:
+    """What the target's attention does beyond softmax(q k^T * scale) v over a cache the
+    verification kernels read, as far as the configs tell before any model loads: a
+    sliding window, ALiBi, a logit soft cap, a quantized KV cache, a CPU cache layout
+    other than 'vec'. (Attention sinks show on the loaded layers only.)"""
+    model_config, cache_config = vllm_config.model_config, vllm_config.cache_config
+    text_config = model_config.hf_text_config
+    blockers = {
+        "sliding window": model_config.get_sliding_window() is not None,
+        "ALiBi": bool(getattr(text_config, "alibi", False))
+        or getattr(text_config, "position_embedding_type", None) == "alibi",
+        "logit soft cap": bool(getattr(text_config, "attn_logit_softcapping", None)),
+        f"KV cache dtype {cache_config.cache_dtype}": cache_config.cache_dtype != "auto",
+    }
+    found = [name for name, present in blockers.items() if present]
+    if current_platform.is_cpu():
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        isa = _get_attn_isa(
+            model_config.dtype, cache_config.block_size, model_config.get_head_size()
+        )
+        if isa != "vec":
+            found.append(f"CPU KV cache layout '{isa}'")
+    return found
 
 
 def draft_trained_length(speculative_config: SpeculativeConfig) -> int:
