@@ -46,6 +46,15 @@ class SpecExtendCounts:
     """Wall clock of the scorer calls, seconds."""
     hybrid_verifications: int = 0
     """Target forward passes that verified drafts through hybrid tree attention."""
+    reduced_verified_drafts: int = 0
+    """Draft tokens drafted on a reduced cache that the target verified."""
+    reduced_accepted_drafts: int = 0
+    """Those of them the target accepted."""
+    full_verified_drafts: int = 0
+    """Draft tokens drafted on the full cache (of requests the method tracks, under a
+    retrieval policy other than `full`) that the target verified."""
+    full_accepted_drafts: int = 0
+    """Those of them the target accepted."""
 
     def add(self, other: SpecExtendCounts) -> None:
         for field in dataclasses.fields(self):
@@ -67,6 +76,10 @@ class SpecExtendCounts:
             "scorer_calls": self.scorer_calls,
             "scorer_seconds": self.scorer_seconds,
             "hybrid_verifications": self.hybrid_verifications,
+            "reduced_verified_drafts": self.reduced_verified_drafts,
+            "reduced_accepted_drafts": self.reduced_accepted_drafts,
+            "full_verified_drafts": self.full_verified_drafts,
+            "full_accepted_drafts": self.full_accepted_drafts,
         }
 
 
@@ -93,25 +106,40 @@ class RetrievalMetrics:
         compact: torch.Tensor,
         context_lens: torch.Tensor,
         seq_len_offset: torch.Tensor,
+        verified_drafts: torch.Tensor,
+        accepted_drafts: torch.Tensor,
+        verified_reduced: torch.Tensor,
     ) -> None:
         """active, compact: [num_reqs] bool, which requests draft on a reduced cache and which
-        of those on compact positions; context_lens, seq_len_offset: [num_reqs] tokens."""
+        of those on compact positions; context_lens, seq_len_offset: [num_reqs] tokens;
+        verified_drafts, accepted_drafts: [num_reqs] this step's verification of the
+        previous drafts, drafted on a reduced cache where verified_reduced [num_reqs] bool."""
         active_long = active.long()
-        reduced, full, kept, context, compact_steps = torch.stack(
+        reduced_verified = verified_reduced.long()
+        accepted = torch.where(verified_drafts > 0, accepted_drafts, 0)
+        counts = torch.stack(
             [
                 active_long.sum(),
                 (1 - active_long).sum(),
                 ((context_lens - seq_len_offset) * active_long).sum(),
                 (context_lens * active_long).sum(),
                 (compact & active).long().sum(),
+                (verified_drafts * reduced_verified).sum(),
+                (accepted * reduced_verified).sum(),
+                (verified_drafts * (1 - reduced_verified)).sum(),
+                (accepted * (1 - reduced_verified)).sum(),
             ]
         ).tolist()
         new = self._new
-        new.reduced_draft_steps += reduced
-        new.full_draft_steps += full
-        new.kept_tokens += kept
-        new.context_tokens += context
-        new.compact_draft_steps += compact_steps
+        new.reduced_draft_steps += counts[0]
+        new.full_draft_steps += counts[1]
+        new.kept_tokens += counts[2]
+        new.context_tokens += counts[3]
+        new.compact_draft_steps += counts[4]
+        new.reduced_verified_drafts += counts[5]
+        new.reduced_accepted_drafts += counts[6]
+        new.full_verified_drafts += counts[7]
+        new.full_accepted_drafts += counts[8]
 
     def record_hybrid_verification(self) -> None:
         self._new.hybrid_verifications += 1

@@ -49,6 +49,22 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:specextend_hybrid_verifications",
         "Target forward passes that verified drafts through hybrid tree attention.",
     ),
+    "reduced_verified_drafts": (
+        "vllm:specextend_reduced_verified_drafts",
+        "Draft tokens drafted on a reduced cache that the target verified.",
+    ),
+    "reduced_accepted_drafts": (
+        "vllm:specextend_reduced_accepted_drafts",
+        "Draft tokens drafted on a reduced cache that the target accepted.",
+    ),
+    "full_verified_drafts": (
+        "vllm:specextend_full_verified_drafts",
+        "Draft tokens drafted on the full cache that the target verified.",
+    ),
+    "full_accepted_drafts": (
+        "vllm:specextend_full_accepted_drafts",
+        "Draft tokens drafted on the full cache that the target accepted.",
+    ),
 }
 
 
@@ -89,7 +105,8 @@ class SpecExtendLogging:
             log_fn(
                 "Engine %03d: SpecExtend metrics: Retrievals: %d, Reduced draft steps: %d "
                 "(compact positions: %d), Full draft steps: %d, Mean kept tokens: %.1f of "
-                "%.1f context tokens, Scorer: %d calls, %.3f s, Hybrid verifications: %d",
+                "%.1f context tokens, Scorer: %d calls, %.3f s, Hybrid verifications: %d, "
+                "Accepted drafts: %d of %d on reduced caches, %d of %d on full caches",
                 engine_idx,
                 counts.retrievals,
                 counts.reduced_draft_steps,
@@ -100,5 +117,9 @@ class SpecExtendLogging:
                 counts.scorer_calls,
                 counts.scorer_seconds,
                 counts.hybrid_verifications,
+                counts.reduced_accepted_drafts,
+                counts.reduced_verified_drafts,
+                counts.full_accepted_drafts,
+                counts.full_verified_drafts,
             )
         self._since_last_log.clear()

@@ -486,8 +486,15 @@ class SpecExtendProposer(DraftModelProposer):
         seq_len_offset = tail_start - kept_tokens
         state.steps_since_selection.index_add_(0, slots, active.long())
         self.metrics.record_draft_step(
-            active, active & state.compact[slots], step.context_lens, seq_len_offset
+            active,
+            active & state.compact[slots],
+            step.context_lens,
+            seq_len_offset,
+            step.verified_drafts,
+            step.accepted_drafts,
+            state.drafted_reduced[slots],
         )
+        state.drafted_reduced[slots] = active
         seq_len_offset = seq_len_offset.to(common_attn_metadata.seq_lens.dtype)
         first_pass_reduced = active & ~step.prefilling
         first_pass_block_table = reduced

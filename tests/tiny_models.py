@@ -107,3 +107,42 @@ def save_cross_tokenizer_pair(
     model.save_pretrained(draft_dir, safe_serialization=True)
     save_word_tokenizer(draft_dir, draft_words)
     return target_dir, draft_dir
+
+
+NEEDLE_TOKEN = 7
+
+
+def save_needle_model(path: Path, base: Path, needle: int = NEEDLE_TOKEN) -> Path:
+    """`base` turned into a model whose last layer attends to the `needle` token wherever
+    it stands and to nothing else, and whose other layers' attention adds nothing: its
+    outputs depend on whether the needle is in view. A copy of it as the draft predicts
+    the target exactly on a reduced cache that keeps the needle's chunk, and not on one
+    that misses it.
+
+    The last layer's queries hold a large constant in RoPE's slowest-turning pair of
+    dimensions and its keys there hold their alignment with the needle's normalized
+    hidden state: the needle's score exceeds every other token's by ~100 at any
+    position a tiny model reaches."""
+    model = Qwen2ForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = model.config
+    head_dim = config.head_dim
+    slowest = [head_dim // 2 - 1, head_dim - 1]
+    with torch.no_grad():
+        for layer in model.model.layers[:-1]:
+            layer.self_attn.o_proj.weight.zero_()
+        hidden = model(torch.tensor([[needle]]), output_hidden_states=True).hidden_states[-2]
+        last = model.model.layers[-1]
+        direction = last.input_layernorm(hidden)[0, 0]
+        direction = direction / direction.norm()
+        attention = last.self_attn
+        for head in range(config.num_attention_heads):
+            rows = [head * head_dim + d for d in slowest]
+            attention.q_proj.weight[rows] = 0.0
+            attention.q_proj.bias[rows] = 50.0
+        for head in range(config.num_key_value_heads):
+            rows = [head * head_dim + d for d in slowest]
+            attention.k_proj.weight[rows] = direction
+            attention.k_proj.bias[rows] = 0.0
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path, safe_serialization=True)
+    return path

@@ -12,7 +12,9 @@ class DraftStep:
     """The requests of one propose() call, one row each ([R] tensors unless noted).
 
     sample_rows: the target batch row of each request's last accepted token;
-    accepted_drafts: how many draft tokens its last verification accepted;
+    verified_drafts: how many draft tokens this step's target pass verified (0 for a
+        prompt);
+    accepted_drafts: how many of them it accepted;
     context_lens: its tokens up to and including the last accepted one;
     prefilling: whether it processes more tokens than a verification (a prompt), so
         that the draft's first pass must write their KV attending to the full cache;
@@ -26,6 +28,7 @@ class DraftStep:
 
     slots: torch.Tensor
     sample_rows: torch.Tensor
+    verified_drafts: torch.Tensor
     accepted_drafts: torch.Tensor
     context_lens: torch.Tensor
     prefilling: torch.Tensor
@@ -69,8 +72,8 @@ class DraftStep:
         ([5, 42], [True, False], [4, 40])
         >>> step.tail_start.tolist(), step.eligible.tolist()
         ([0, 32], [True, True])
-        >>> step.accepted_drafts[1].item()
-        1
+        >>> step.verified_drafts.tolist(), step.accepted_drafts[1].item()
+        ([0, 2], 1)
         """
         query_lens = query_start_loc[1:] - query_start_loc[:-1]
         sample_rows = (
@@ -83,6 +86,7 @@ class DraftStep:
         return cls(
             slots=slots,
             sample_rows=sample_rows,
+            verified_drafts=torch.where(prefilling, 0, query_lens - 1),
             accepted_drafts=sample_rows - query_start_loc[:-1],
             context_lens=context_lens,
             prefilling=prefilling,

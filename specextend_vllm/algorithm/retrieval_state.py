@@ -12,7 +12,8 @@ class RetrievalState:
     tail_start[s]: the first position of its newest tokens, attended in full;
     steps_since_selection[s]: draft steps since the slot's selection (-1: none yet);
     compact[s]: whether the selection drafts on compact positions (a working copy);
-    selected_share[s]: the kept chunks' share of the target's attention when selected.
+    selected_share[s]: the kept chunks' share of the target's attention when selected;
+    drafted_reduced[s]: whether the request's last drafts were drafted on a reduced cache.
     """
 
     def __init__(self, max_requests: int, max_kept_chunks: int, device: torch.device):
@@ -26,6 +27,7 @@ class RetrievalState:
         )
         self.compact = torch.zeros(max_requests, dtype=torch.bool, device=device)
         self.selected_share = torch.zeros(max_requests, dtype=torch.float32, device=device)
+        self.drafted_reduced = torch.zeros(max_requests, dtype=torch.bool, device=device)
         self._slot_by_request: dict[str, int] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
 
@@ -40,6 +42,7 @@ class RetrievalState:
                 slot = self._free_slots.pop()
                 slot_by_request[request_id] = slot
                 self.steps_since_selection[slot] = -1
+                self.drafted_reduced[slot] = False
         return torch.tensor([slot_by_request[r] for r in request_ids], dtype=torch.int64).to(
             self.kept_chunks.device, non_blocking=True
         )

@@ -12,7 +12,15 @@ from transformers import Qwen2ForCausalLM
 from vllm import SamplingParams
 
 from specextend_vllm import retrieval_stats
-from tests.harness import METHOD_KEYS, on_engine, random_prompts, specextend_config
+from tests.harness import (
+    MAX_TOKENS,
+    METHOD_KEYS,
+    decode,
+    on_engine,
+    random_prompts,
+    specextend_config,
+)
+from tests.tiny_models import NEEDLE_TOKEN, save_needle_model
 
 pytestmark = pytest.mark.engine
 
@@ -62,3 +70,37 @@ def test_kept_chunks_rank_highest_in_target_attention(tiny_models: dict[str, Pat
             assert (candidates[kept] >= kth_best - 1e-6).all(), (kept, candidates.topk(KEPT))
             checked += 1
     assert checked >= 4
+
+
+@pytest.fixture(scope="module")
+def needle_runs(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A target that attends to one needle token only, drafted by a copy of itself, on
+    prompts that hold the needle a third of the way in: under `cmr` (whose selection
+    finds the needle's chunk) and `streaming` (which keeps the first and the newest
+    chunks, and misses it)."""
+    target = save_needle_model(tmp_path_factory.mktemp("needle") / "target", tiny_models["target"])
+    generator = torch.Generator().manual_seed(0)
+    prompts = []
+    for length in (300, 500, 700, 880):
+        prompt = torch.randint(NEEDLE_TOKEN + 1, 500, (length,), generator=generator).tolist()
+        prompt[length // 3] = NEEDLE_TOKEN
+        prompts.append(prompt)
+    return {
+        policy: decode(target, prompts, MAX_TOKENS, specextend_config(target, policy=policy))
+        for policy in ("cmr", "streaming")
+    }
+
+
+def test_drafts_on_a_reduced_cache_that_keeps_what_the_target_attends_to_are_accepted(
+    needle_runs: dict[str, Any],
+) -> None:
+    """Catches any reduced view that loses the kept chunks: working copies not filled,
+    kept blocks pointing elsewhere, a selection other than the target's top chunks."""
+    cmr, streaming = needle_runs["cmr"], needle_runs["streaming"]
+    assert cmr.outputs == streaming.outputs
+    for run in (cmr, streaming):
+        assert run.stats["full_verified_drafts"] == 0 and run.stats["reduced_verified_drafts"] > 0
+    kept = cmr.stats["reduced_accepted_drafts"] / cmr.stats["reduced_verified_drafts"]
+    missed = streaming.stats["reduced_accepted_drafts"] / streaming.stats["reduced_verified_drafts"]
+    assert kept >= 0.9, cmr.stats
+    assert missed <= 0.25, streaming.stats

@@ -11,12 +11,17 @@ from specextend_vllm.metrics_exporters import PROMETHEUS_COUNTERS, SpecExtendLog
 
 
 def draft_step(metrics: RetrievalMetrics) -> None:
-    """Three requests: two draft on reduced caches (one of them on compact positions)."""
+    """Three requests: two draft on reduced caches (one of them on compact positions).
+    The first verified 3 drafts it drafted on a reduced cache and accepted 2, the second
+    3 drafted on the full cache and accepted 1; the third was a prompt."""
     metrics.record_draft_step(
         active=torch.tensor([True, False, True]),
         compact=torch.tensor([True, True, False]),
         context_lens=torch.tensor([500, 60, 300]),
         seq_len_offset=torch.tensor([400, 0, 160]),
+        verified_drafts=torch.tensor([3, 3, 0]),
+        accepted_drafts=torch.tensor([2, 1, 299]),
+        verified_reduced=torch.tensor([True, False, True]),
     )
 
 
@@ -30,6 +35,10 @@ def test_a_draft_step_counts_requests_and_the_tokens_of_the_reduced_ones() -> No
         full_draft_steps=1,
         kept_tokens=100 + 140,
         context_tokens=500 + 300,
+        reduced_verified_drafts=3,
+        reduced_accepted_drafts=2,
+        full_verified_drafts=3,
+        full_accepted_drafts=1,
     )
     assert metrics.summary()["mean_kept_tokens"] == 120
 
@@ -80,7 +89,8 @@ def test_the_log_line_sums_each_engines_counts_since_the_last_line() -> None:
     assert lines[1] == (
         "Engine 001: SpecExtend metrics: Retrievals: 2, Reduced draft steps: 4 (compact "
         "positions: 0), Full draft steps: 0, Mean kept tokens: 100.0 of 450.0 context tokens, "
-        "Scorer: 0 calls, 0.000 s, Hybrid verifications: 0"
+        "Scorer: 0 calls, 0.000 s, Hybrid verifications: 0, Accepted drafts: 0 of 0 on "
+        "reduced caches, 0 of 0 on full caches"
     )
     logging.log(log_fn)
     assert len(lines) == 2
