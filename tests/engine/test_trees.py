@@ -144,3 +144,25 @@ def test_cached_keys_and_values_of_tree_decoded_tokens_are_the_prefills(
     [fresh] = tree_llm.generate([extended], continuation, use_tqdm=False)
     assert fresh.num_cached_tokens == 0
     assert from_cache.outputs[0].token_ids == fresh.outputs[0].token_ids
+
+
+def test_a_tree_accepts_side_branches_and_more_than_its_first_child_chain(
+    tiny_models: dict[str, Path], prompts: list[list[int]]
+) -> None:
+    """The chain of the tree's first children ([0], [0, 0], ...) as a chain of the same
+    depth: were only first children ever accepted, the tree would step exactly as that
+    chain does, so a higher acceptance per verification means side branches ([1],
+    [0, 1], [1, 0]) were accepted."""
+    draft = tiny_models["draft_noisy"]
+    spine_depth = max(len(path) for path in TREE)
+    chain = decode(
+        tiny_models["target"], prompts, MAX_TOKENS,
+        specextend_config(draft, num_speculative_tokens=spine_depth),
+    )
+    tree = decode(tiny_models["target"], prompts, MAX_TOKENS, tree_config(draft))
+    assert tree.outputs == chain.outputs
+
+    def acceptance(run: EngineRun) -> float:
+        return run.counts["num_accepted_tokens"] / run.counts["num_drafts"]
+
+    assert acceptance(tree) >= 1.1 * acceptance(chain), (tree.counts, chain.counts)
