@@ -3,7 +3,9 @@ outputs of the others; nothing of a finished request leaks into the next one."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from vllm import SamplingParams
@@ -11,6 +13,7 @@ from vllm.exceptions import VLLMValidationError
 
 from specextend_vllm import retrieval_stats
 from tests.harness import decode, generate_ids, make_llm, random_prompts, specextend_config
+from tests.tiny_models import set_trained_length
 
 pytestmark = pytest.mark.engine
 
@@ -33,16 +36,23 @@ def plain_outputs(tiny_models: dict[str, Path], prompts: list[list[int]]) -> lis
     return decode(tiny_models["target"], prompts, MAX_TOKENS).outputs
 
 
-def run_engine_until_done(engine, params: SamplingParams, abort_after_steps: int, to_abort: set[str]) -> dict[str, list[int]]:
+def run_engine_until_done(
+    engine: Any, abort_after_steps: int, to_abort: set[str], max_steps: int = 2000
+) -> dict[str, list[int]]:
+    """Steps the engine until every request is done (at most `max_steps`); returns the
+    outputs of those that finished, and asserts that the aborted ones did not."""
     finished: dict[str, list[int]] = {}
-    steps = 0
-    while engine.has_unfinished_requests():
+    for step in range(1, max_steps + 1):
+        if not engine.has_unfinished_requests():
+            break
         for output in engine.step():
             if output.finished:
                 finished[output.request_id] = list(output.outputs[0].token_ids)
-        steps += 1
-        if steps == abort_after_steps:
+        if step == abort_after_steps:
+            assert not to_abort & set(finished), "aborted too late: already finished"
             engine.abort_request(sorted(to_abort))
+    assert not engine.has_unfinished_requests()
+    assert not to_abort & set(finished)
     return finished
 
 
@@ -58,7 +68,7 @@ def test_aborts_and_reused_ids_do_not_disturb_other_requests(
     for index, prompt in enumerate(prompts):
         engine.add_request(f"r{index}", {"prompt_token_ids": prompt}, params)
     to_abort = {"r1", "r4"}
-    finished = run_engine_until_done(engine, params, abort_after_steps=6, to_abort=to_abort)
+    finished = run_engine_until_done(engine, abort_after_steps=6, to_abort=to_abort)
     for index, expected in enumerate(plain_outputs):
         if f"r{index}" not in to_abort:
             assert finished[f"r{index}"] == expected
@@ -67,7 +77,7 @@ def test_aborts_and_reused_ids_do_not_disturb_other_requests(
     swapped = {"r1": 3, "r4": 0}
     for request_id, prompt_index in swapped.items():
         engine.add_request(request_id, {"prompt_token_ids": prompts[prompt_index]}, params)
-    finished = run_engine_until_done(engine, params, abort_after_steps=-1, to_abort=set())
+    finished = run_engine_until_done(engine, abort_after_steps=-1, to_abort=set())
     for request_id, prompt_index in swapped.items():
         assert finished[request_id] == plain_outputs[prompt_index]
     stats = retrieval_stats(llm)[0]
@@ -100,3 +110,42 @@ def test_a_failing_request_leaves_the_engine_serving(
     with pytest.raises(VLLMValidationError, match="maximum context length"):
         generate_ids(llm, too_long, MAX_TOKENS)
     assert generate_ids(llm, prompts[:2], MAX_TOKENS) == plain_outputs[:2]
+
+
+def test_no_request_state_outlives_a_thousand_requests(
+    tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Dynamic trees on compact positions and working copies, some requests aborted:
+    every per-request structure (retrieval slots, whose working copies and tree shapes
+    are indexed by slot) is released."""
+    draft = tmp_path_factory.mktemp("thousand") / "draft"
+    shutil.copytree(tiny_models["draft_noisy"], draft)
+    set_trained_length(draft, 256)
+    config = specextend_config(
+        draft, positions="auto", tree="dynamic", num_speculative_tokens=6, tree_max_depth=3
+    )
+    llm = make_llm(tiny_models["target"], config)
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    prompts = random_prompts([130 + (index * 37) % 200 for index in range(1000)], seed=21)
+    aborted: set[str] = set()
+    for start in range(0, 1000, 100):
+        for index in range(start, start + 100):
+            engine.add_request(f"q{index}", {"prompt_token_ids": prompts[index]}, params)
+        to_abort = {f"q{start + offset}" for offset in (3, 50)}
+        finished = run_engine_until_done(engine, abort_after_steps=1, to_abort=to_abort)
+        aborted |= to_abort
+        assert len(finished) == 98
+    stats = retrieval_stats(llm)[0]
+    assert stats["compact_draft_steps"] > 0 and stats["retrievals"] >= 900
+    # Workers learn of finished requests at the next step: run one more request.
+    engine.add_request("last", {"prompt_token_ids": prompts[0]}, params)
+    assert set(run_engine_until_done(engine, abort_after_steps=-1, to_abort=set())) == {"last"}
+    assert retrieval_stats(llm)[0]["tracked_requests"] <= 1
+    [free_slots] = llm.collective_rpc(_free_retrieval_slots)
+    assert free_slots >= engine.vllm_config.scheduler_config.max_num_seqs - 1
+    del llm
+
+
+def _free_retrieval_slots(worker: Any) -> int:
+    return len(worker.model_runner.drafter.retrieval_state._free_slots)
