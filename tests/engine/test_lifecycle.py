@@ -149,3 +149,43 @@ def test_no_request_state_outlives_a_thousand_requests(
 
 def _free_retrieval_slots(worker: Any) -> int:
     return len(worker.model_runner.drafter.retrieval_state._free_slots)
+
+
+EDGE_REQUESTS = {
+    "prompt_one_short_of_max_model_len": ([1023], {"max_tokens": 1}),
+    "prompt_at_max_model_len": ([1024], {"max_tokens": 1}),
+    "two_sampled_completions": ([300], {"max_tokens": 8, "n": 2, "temperature": 1.0, "seed": 3}),
+    "prompt_logprobs": ([300], {"max_tokens": 4, "prompt_logprobs": 2}),
+    "logprobs": ([300], {"max_tokens": 4, "logprobs": 2}),
+}
+
+
+@pytest.mark.parametrize("drafts", list(DRAFTS))
+def test_requests_at_the_edges_are_served_or_refused_and_the_engine_keeps_serving(
+    tiny_models: dict[str, Path], prompts: list[list[int]], plain_outputs: list[list[int]], drafts: str
+) -> None:
+    """Requests that reach the method's own path (drafting at the end of the context, fan-out,
+    logprobs): each is served, or refused with vLLM's validation error; none stops the
+    engine or changes another request's output."""
+    llm = make_llm(
+        tiny_models["target"], specextend_config(tiny_models["draft_noisy"], **DRAFTS[drafts])
+    )
+    outcomes: dict[str, str] = {}
+    for name, (lengths, sampling) in EDGE_REQUESTS.items():
+        try:
+            params = SamplingParams(**{"temperature": 0.0, "ignore_eos": True, **sampling})
+            [output] = llm.generate(
+                [{"prompt_token_ids": random_prompts(lengths, seed=5)[0]}], params, use_tqdm=False
+            )
+        except VLLMValidationError:
+            outcomes[name] = "refused"
+        else:
+            completions = output.outputs
+            assert len(completions) == sampling.get("n", 1)
+            assert all(len(c.token_ids) == sampling["max_tokens"] for c in completions)
+            outcomes[name] = "served"
+        assert generate_ids(llm, prompts[:2], MAX_TOKENS) == plain_outputs[:2], name
+    assert outcomes["prompt_at_max_model_len"] == "refused"
+    assert outcomes["prompt_one_short_of_max_model_len"] == "served"
+    assert outcomes["two_sampled_completions"] == outcomes["logprobs"] == "served"
+    del llm
