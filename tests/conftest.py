@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -8,6 +9,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real_models: uses the real Qwen2.5-Coder pair (built offline, minutes)")
     config.addinivalue_line("markers", "engine: starts a vLLM engine")
     config.addinivalue_line("markers", "serving: starts `vllm serve` processes")
+
+
+@pytest.fixture(autouse=True)
+def release_dead_engines() -> Any:
+    """An engine that ended in a reference cycle (a refused start, an exception's frames)
+    is released at the end of its test, not by a garbage collection in the middle of the
+    next engine's life, where tearing down vLLM's process-wide state breaks that engine."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

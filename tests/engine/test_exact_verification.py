@@ -5,6 +5,7 @@ verified on vLLM's attention, exactly."""
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -113,8 +114,14 @@ def test_a_tree_on_a_target_whose_layers_alone_show_the_blocker_is_refused_at_st
 ) -> None:
     config = specextend_config(alibi_target, **TREE)
     build_engine_config(alibi_target, config)
-    with pytest.raises(SpecExtendConfigError, match=r"\['tree'\] is verified exactly only.*ALiBi"):
+    with pytest.raises(
+        SpecExtendConfigError, match=r"\['tree'\] is verified exactly only.*ALiBi"
+    ) as refused:
         make_llm(alibi_target, config)
+    # The half-built engine lives on in the traceback's frames: release it now, or a later
+    # garbage collection tears down the process-wide state of whichever engine runs then.
+    del refused
+    gc.collect()
 
 
 def test_reconfiguring_a_tree_engine_to_native_verification_is_refused(
@@ -123,8 +130,9 @@ def test_reconfiguring_a_tree_engine_to_native_verification_is_refused(
     from specextend_vllm import reconfigure
 
     llm = make_llm(tiny_models["target"], specextend_config(tiny_models["draft_noisy"], **TREE))
-    try:
-        with pytest.raises(Exception, match=r"'native' cannot verify a speculative_config\['tree'\]"):
-            reconfigure(llm, verification_attention="native")
-    finally:
-        del llm
+    with pytest.raises(
+        Exception, match=r"'native' cannot verify a speculative_config\['tree'\]"
+    ) as refused:
+        reconfigure(llm, verification_attention="native")
+    del refused, llm
+    gc.collect()

@@ -3,6 +3,7 @@ outputs of the others; nothing of a finished request leaks into the next one."""
 
 from __future__ import annotations
 
+import gc
 import shutil
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,8 @@ def test_no_request_state_outlives_a_thousand_requests(
     assert retrieval_stats(llm)[0]["tracked_requests"] <= 1
     [free_slots] = llm.collective_rpc(_free_retrieval_slots)
     assert free_slots >= engine.vllm_config.scheduler_config.max_num_seqs - 1
-    del llm
+    del engine, llm
+    gc.collect()
 
 
 def _free_retrieval_slots(worker: Any) -> int:
@@ -189,3 +191,4 @@ def test_requests_at_the_edges_are_served_or_refused_and_the_engine_keeps_servin
     assert outcomes["prompt_one_short_of_max_model_len"] == "served"
     assert outcomes["two_sampled_completions"] == outcomes["logprobs"] == "served"
     del llm
+    gc.collect()
