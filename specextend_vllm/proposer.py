@@ -162,11 +162,11 @@ class SpecExtendProposer(DraftModelProposer):
             self.vllm_config, self._draft_attn_layer_names
         )
         self._verification_blockers = sorted(
-            {blocker for layer in target_layers for blocker in plain_attention_blockers(layer.impl)}
-            | {
+            {
                 blocker
                 for layer in target_layers
-                if (blocker := hybrid_cache_layout_blocker(layer)) is not None
+                for blocker in [*plain_attention_blockers(layer.impl), hybrid_cache_layout_blocker(layer)]
+                if blocker is not None
             }
         )
 
