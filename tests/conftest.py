@@ -36,7 +36,7 @@ def release_dead_engines() -> Any:
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     target = save_tiny_model(root / "target", seed=0)
-    sharp = save_tiny_model(root / "sharp", seed=3, logit_scale=6.0)
+    sharp = save_tiny_model(root / "sharp", seed=3, logit_scale=20.0)
     return {
         "target": target,
         "draft_noisy": save_tiny_model(root / "draft_noisy", seed=1, base=target, noise=0.05),
