@@ -4,10 +4,10 @@
     python -m benchmarks.lossless --settings chain --lengths 1024 2048
 
 The prompts: one text per genre (fiction, dialogue, essays, code, docs), each cut at every
-length, sorted by length and submitted in groups: the first 8 one at a time, the next 16
-four at a time, the last 16 together. Prompts of one text share their beginning, so the
-prefix cache serves most of each prefill after the shortest, and what is exercised is the
-method on cached prefixes too. Settings, each on its own engine: the Qwen 0.5B draft as a
+length, longest first, submitted in groups: the 8 longest one at a time, the next 16 four at
+a time, the 16 shortest together. Prompts of one text share their beginning, so after its
+longest prompt the prefix cache serves the others' prefill (the draft's KV included): each
+engine prefills about 8K tokens per text, and the method is exercised on cached prefixes. Settings, each on its own engine: the Qwen 0.5B draft as a
 chain, a static tree and a dynamic tree; the tiny SmolLM2 draft (its own tokenizer) on
 compact positions. All draft at every step (`drafting: always`), so no output is decided
 without drafts. The result is, per setting and batch size, the number of output tokens that
@@ -126,9 +126,15 @@ def parse_args() -> argparse.Namespace:
         "--batches",
         nargs="+",
         default=[f"{b}:{n}" for b, n in DEFAULT_BATCHES],
-        help="BATCH_SIZE:PROMPTS, in order: the shortest PROMPTS prompts go in batches of BATCH_SIZE",
+        help="BATCH_SIZE:PROMPTS, in order: the longest PROMPTS prompts go in batches of BATCH_SIZE",
     )
     parser.add_argument("--output", default="lossless", help="results file name without .json")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add these settings to the saved results, reusing their plain-decoding outputs "
+        "(the prompts and --max-tokens must be the same)",
+    )
     args = parser.parse_args()
     args.batches = [tuple(int(x) for x in item.split(":")) for item in args.batches]
     return args
@@ -143,24 +149,34 @@ def main() -> None:
     draft, target = qwen_pair()
     tokenizer = AutoTokenizer.from_pretrained(target)
     texts = {genre: next(iter(by_name.items())) for genre, by_name in genre_texts(args.genres).items()}
-    cases = sorted((length, genre) for genre in args.genres for length in args.lengths)
+    cases = sorted(((length, genre) for genre in args.genres for length in args.lengths), reverse=True)
     prompts = [summary_prompt(tokenizer, texts[genre][1], length) for length, genre in cases]
     lengths = [len(p) for p in prompts]
     groups = batches_of(prompts, args.batches)
     max_model_len = max(lengths) + args.max_tokens + 64
     configs = setting_configs(draft, tiny_draft(), args.k)
     path = engine.RESULTS / f"{args.output}.json"
-    record: dict[str, Any] = {
-        "args": vars(args),
-        "machine": engine.machine(),
-        "texts": {genre: name for genre, (name, _) in texts.items()},
-        "prompts": [{"genre": genre, "tokens": n} for (_, genre), n in zip(cases, lengths)],
-        "table": [],
-    }
-    reference_figures, _, reference_s = run_setting(target, None, prompts, groups, max_model_len, args.max_tokens)
-    reference = [r.tokens for r in reference_figures]
-    record["no_speculation_s"] = reference_s
-    print(f"no speculation: {reference_s:.0f} s")
+    prompt_list = [{"genre": genre, "tokens": n} for (_, genre), n in zip(cases, lengths)]
+    if args.append:
+        record = json.loads(path.read_text())
+        if record["prompts"] != prompt_list or record["args"]["max_tokens"] != args.max_tokens:
+            raise SystemExit(f"--append: {path} holds other prompts or another --max-tokens")
+        record["table"] = [row for row in record["table"] if row["setting"] not in args.settings]
+    else:
+        record = {
+            "args": vars(args),
+            "machine": engine.machine(),
+            "texts": {genre: name for genre, (name, _) in texts.items()},
+            "prompts": prompt_list,
+            "table": [],
+        }
+        figures, _, wall_s = run_setting(target, None, prompts, groups, max_model_len, args.max_tokens)
+        record["no_speculation_s"] = wall_s
+        record["no_speculation_tokens"] = [r.tokens for r in figures]
+        print(f"no speculation: {wall_s:.0f} s", flush=True)
+        engine.RESULTS.mkdir(exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+    reference = record["no_speculation_tokens"]
     for setting in args.settings:
         figures, counters, wall_s = run_setting(
             target, configs[setting], prompts, groups, max_model_len, args.max_tokens
@@ -169,9 +185,9 @@ def main() -> None:
             record["table"].append({"setting": setting, **row, "wall_s": wall_s, "retrieval": counters})
             print(
                 f"{setting} batch {row['batch_size']}: {row['differing_tokens']} of "
-                f"{row['output_tokens']} tokens differ, acceptance {row['mean_acceptance_length']}"
+                f"{row['output_tokens']} tokens differ, acceptance {row['mean_acceptance_length']}",
+                flush=True,
             )
-        engine.RESULTS.mkdir(exist_ok=True)
         path.write_text(json.dumps(record, indent=1))
     print(f"saved {path}")
 

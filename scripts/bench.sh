@@ -12,7 +12,7 @@ python="${SPECEXTEND_VENV:-.venv}/bin/python"
 long_inputs=("$python" -m benchmarks.long_inputs)
 declare -A commands=(
   [demo]="${python} -m benchmarks.demo"
-  [lossless]="${python} -m benchmarks.lossless"
+  [lossless]="VLLM_CPU_KVCACHE_SPACE=5 ${python} -m benchmarks.lossless"
   [long_inputs_speed]="${long_inputs[*]} speed --texts-per-length 1 && ${long_inputs[*]} speed --append --texts paul_graham_essays --texts-per-length 1 --lengths 4096 8192"
   [long_inputs_tiny_draft]="${long_inputs[*]} tiny_draft --texts-per-length 1"
   [long_inputs_tiny_draft_hybrid]="${long_inputs[*]} tiny_draft --lengths 16384 --texts-per-length 1 --methods no_speculation specextend --output long_inputs_tiny_draft_hybrid"

@@ -101,3 +101,34 @@ class VllmDataclassField(VllmPatch):
         )
         cls.target.__dataclass_fields__[cls.attribute] = dataclasses.fields(declared)[0]
         cls.target.__annotations__[cls.attribute] = cls.field_type
+
+
+class VllmOverrides(VllmPatch):
+    """The methods a subclass of a vLLM class overrides (`methods`, on `target`): a vLLM
+    release that renames one would leave the subclass's method uncalled, silently, so each
+    is checked at plugin load like a patch target. `subclass` ("module:Class") names the
+    subclass for the test that keeps `methods` complete; nothing is replaced."""
+
+    subclass: ClassVar[str]
+    methods: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def check_target(cls) -> None:
+        missing = [name for name in cls.methods if not hasattr(cls.target, name)]
+        if missing:
+            import vllm
+
+            where = ", ".join(describe(cls.target, name) for name in missing)
+            raise PatchTargetMissing(
+                f"specextend-vllm: {cls.subclass} overrides {where}, which does not exist in "
+                f"vLLM {vllm.__version__}. Install a supported vLLM, or set "
+                "SPECEXTEND_DISABLE=1 to run vLLM without the plugin."
+            )
+
+    @classmethod
+    def is_applied(cls) -> bool:
+        return False
+
+    @classmethod
+    def apply(cls) -> None:
+        cls.check_target()

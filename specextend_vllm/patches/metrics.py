@@ -22,7 +22,7 @@ from vllm.v1.worker.worker_base import WorkerBase
 
 from specextend_vllm.metrics import RetrievalMetrics, SpecExtendCounts
 from specextend_vllm.metrics_exporters import SpecExtendLogging, SpecExtendProm
-from specextend_vllm.patches.base import VllmDataclassField, VllmPatch
+from specextend_vllm.patches.base import VllmDataclassField, VllmOverrides, VllmPatch
 from specextend_vllm.profiling import StepTimer, device_synchronizer
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import specextend_config
@@ -145,6 +145,18 @@ class SpecExtendStatLogger(AggregateStatLoggerBase):
 
     def log(self) -> None:
         self.logging.log(logger.info)
+
+
+class StatLoggerOverrides(VllmOverrides):
+    target = AggregateStatLoggerBase
+    subclass = "specextend_vllm.patches.metrics:SpecExtendStatLogger"
+    methods = ("__init__", "log_engine_initialized", "record", "log")
+
+
+class AsyncOutputOverrides(VllmOverrides):
+    target = AsyncModelRunnerOutput
+    subclass = "specextend_vllm.patches.metrics:_AsyncOutputWithCounts"
+    methods = ("__init__", "get_output")
 
 
 class OfflineEngineLogsSpecExtendStats(VllmPatch):

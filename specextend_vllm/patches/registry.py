@@ -9,6 +9,9 @@ from specextend_vllm.patches.base import VllmPatch
 from specextend_vllm.profiling import step_timings_enabled
 
 PATCHES: tuple[type[VllmPatch], ...] = (
+    runner.ProposerOverrides,
+    metrics.StatLoggerOverrides,
+    metrics.AsyncOutputOverrides,
     config.SpeculativeConfigFromDict,
     config.EngineConfigCarriesSpecExtend,
     config.V1ModelRunnerForSpecExtend,

@@ -11,7 +11,7 @@ from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.worker_base import WorkerBase
 
 from specextend_vllm.config import METHOD_NAME
-from specextend_vllm.patches.base import VllmPatch
+from specextend_vllm.patches.base import VllmOverrides, VllmPatch
 from specextend_vllm.vllm_access.config import specextend_config
 from specextend_vllm.vllm_access.runner import DraftModelProposer
 from specextend_vllm.vllm_access.sampling import step_slot_mapping
@@ -40,6 +40,20 @@ class ProposerForSpecExtend(VllmPatch):
     @classmethod
     def new_attribute(cls) -> Any:
         return _ProposerSelector("DraftModelProposer", (), {})
+
+
+class ProposerOverrides(VllmOverrides):
+    target = DraftModelProposer
+    subclass = "specextend_vllm.proposer:SpecExtendProposer"
+    methods = (
+        "__init__",
+        "load_model",
+        "initialize_attn_backend",
+        "propose",
+        "set_inputs_first_pass",
+        "_sample_draft_tokens",
+        "build_per_group_and_layer_attn_metadata",
+    )
 
 
 class RequestLifecycle(VllmPatch):

@@ -1,8 +1,10 @@
 """Every seam: its target exists in the installed vLLM, applying it twice is harmless,
-a missing target fails at load naming it, and the plugin can be switched off."""
+a missing target fails at load naming it, and the plugin can be switched off. Every
+method our subclasses of vLLM classes override is declared and exists in vLLM."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -15,9 +17,10 @@ import torch
 from specextend_vllm import register
 from specextend_vllm.patches import registry
 from specextend_vllm.patches.attention import AttentionLayerSeam, attention_layer_seam
-from specextend_vllm.patches.base import PatchTargetMissing, VllmPatch
+from specextend_vllm.patches.base import PatchTargetMissing, VllmOverrides, VllmPatch
 
-PATCH_NAMES = [patch.__name__ for patch in registry.ALL_PATCHES]
+OVERRIDES = [patch for patch in registry.ALL_PATCHES if issubclass(patch, VllmOverrides)]
+PATCH_NAMES = [patch.__name__ for patch in registry.ALL_PATCHES if patch not in OVERRIDES]
 
 CHECK_IN_FRESH_PROCESS = """
 import json
@@ -67,6 +70,34 @@ def test_a_missing_target_fails_naming_it() -> None:
     with pytest.raises(PatchTargetMissing, match="Renamed.method_that_moved.*does not exist"):
         NeedsRenamedMethod.apply()
     assert not NeedsRenamedMethod.is_applied()
+
+
+@pytest.mark.parametrize("overrides", OVERRIDES, ids=lambda overrides: overrides.__name__)
+def test_every_overridden_method_is_declared(overrides: type[VllmOverrides]) -> None:
+    """A method the subclass defines and its vLLM base has is an override: an undeclared
+    one would escape the check at load."""
+    module, name = overrides.subclass.split(":")
+    subclass = getattr(importlib.import_module(module), name)
+    assert issubclass(subclass, overrides.target)
+    defined = {
+        name
+        for name, value in vars(subclass).items()
+        if callable(value) or isinstance(value, (property, staticmethod, classmethod))
+    }
+    assert {name for name in defined if hasattr(overrides.target, name)} == set(overrides.methods)
+
+
+def test_a_renamed_overridden_method_fails_naming_it() -> None:
+    class Base:
+        def renamed_upstream(self) -> None: ...
+
+    class DraftsRoots(VllmOverrides):
+        target = Base
+        subclass = "tests:Proposer"
+        methods = ("renamed_upstream", "sample_draft_tokens")
+
+    with pytest.raises(PatchTargetMissing, match="tests:Proposer overrides .*Base.sample_draft_tokens"):
+        DraftsRoots.apply()
 
 
 def test_an_added_attribute_must_not_exist_yet() -> None:
