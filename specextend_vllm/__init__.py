@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-SUPPORTED_VLLM_VERSIONS = ("0.32.",)
+SUPPORTED_VLLM_VERSIONS = ("0.32.", "0.33.")
 DISABLE_ENV_VARIABLE = "SPECEXTEND_DISABLE"
 
 

@@ -124,6 +124,18 @@ def test_the_plugin_switch_leaves_vllm_unpatched(monkeypatch: pytest.MonkeyPatch
     assert applied == ["all"]
 
 
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0"])
+def test_a_vllm_outside_the_supported_range_is_refused_naming_the_range(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    import vllm
+
+    monkeypatch.setenv("SPECEXTEND_DISABLE", "0")
+    monkeypatch.setattr(vllm, "__version__", version)
+    with pytest.raises(RuntimeError, match=rf"supports vLLM 0\.32\.x, 0\.33\.x; this is vLLM {version}"):
+        register()
+
+
 def test_the_cpu_expand_patch_replaces_vllms() -> None:
     register()
     from vllm.v1.sample import rejection_sampler
