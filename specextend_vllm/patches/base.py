@@ -106,15 +106,30 @@ class VllmDataclassField(VllmPatch):
 class VllmOverrides(VllmPatch):
     """The methods a subclass of a vLLM class overrides (`methods`, on `target`): a vLLM
     release that renames one would leave the subclass's method uncalled, silently, so each
-    is checked at plugin load like a patch target. `subclass` ("module:Class") names the
-    subclass for the test that keeps `methods` complete; nothing is replaced."""
+    is checked at plugin load like a patch target, and so is every abstract method of the
+    target (a release that adds one would make the subclass fail where it is first built).
+    `newer_methods` are overrides of methods that only later supported releases have.
+    `subclass` ("module:Class") names the subclass for the test that keeps the lists
+    complete; nothing is replaced."""
 
     subclass: ClassVar[str]
     methods: ClassVar[tuple[str, ...]]
+    newer_methods: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def check_target(cls) -> None:
         missing = [name for name in cls.methods if not hasattr(cls.target, name)]
+        abstract = getattr(cls.target, "__abstractmethods__", frozenset())
+        unimplemented = sorted(abstract - {*cls.methods, *cls.newer_methods})
+        if unimplemented:
+            import vllm
+
+            where = ", ".join(describe(cls.target, name) for name in unimplemented)
+            raise PatchTargetMissing(
+                f"specextend-vllm: {cls.subclass} does not implement {where}, abstract in "
+                f"vLLM {vllm.__version__}. Install a supported vLLM, or set "
+                "SPECEXTEND_DISABLE=1 to run vLLM without the plugin."
+            )
         if missing:
             import vllm
 

@@ -56,6 +56,9 @@ class _AsyncOutputWithCounts(AsyncModelRunnerOutput):
         output.specextend_counts = self._counts
         return output
 
+    def get_kv_connector_output(self) -> Any:
+        return self._output.get_kv_connector_output()
+
 
 class RunnerSendsNewCounts(VllmPatch):
     """The proposer's counts since the last step leave the worker with the step's output
@@ -157,6 +160,7 @@ class AsyncOutputOverrides(VllmOverrides):
     target = AsyncModelRunnerOutput
     subclass = "specextend_vllm.patches.metrics:_AsyncOutputWithCounts"
     methods = ("__init__", "get_output")
+    newer_methods = ("get_kv_connector_output",)
 
 
 class OfflineEngineLogsSpecExtendStats(VllmPatch):

@@ -67,6 +67,9 @@ class FinishedAsyncOutput(AsyncModelRunnerOutput):
     def get_output(self) -> ModelRunnerOutput:
         return runner_output()
 
+    def get_kv_connector_output(self) -> None:
+        return None
+
 
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_the_runner_sends_the_counts_since_its_last_step(

@@ -4,6 +4,7 @@ method our subclasses of vLLM classes override is declared and exists in vLLM.""
 
 from __future__ import annotations
 
+import abc
 import importlib
 import json
 import os
@@ -84,7 +85,10 @@ def test_every_overridden_method_is_declared(overrides: type[VllmOverrides]) -> 
         for name, value in vars(subclass).items()
         if callable(value) or isinstance(value, (property, staticmethod, classmethod))
     }
-    assert {name for name in defined if hasattr(overrides.target, name)} == set(overrides.methods)
+    newer = {name for name in overrides.newer_methods if hasattr(overrides.target, name)}
+    expected = {*overrides.methods, *newer}
+    assert {name for name in defined if hasattr(overrides.target, name)} == expected
+    assert not getattr(subclass, "__abstractmethods__", None)
 
 
 def test_a_renamed_overridden_method_fails_naming_it() -> None:
@@ -98,6 +102,23 @@ def test_a_renamed_overridden_method_fails_naming_it() -> None:
 
     with pytest.raises(PatchTargetMissing, match="tests:Proposer overrides .*Base.sample_draft_tokens"):
         DraftsRoots.apply()
+
+
+def test_a_new_abstract_method_of_the_base_fails_naming_it() -> None:
+    class Output(abc.ABC):
+        @abc.abstractmethod
+        def get_output(self) -> None: ...
+
+        @abc.abstractmethod
+        def get_kv_connector_output(self) -> None: ...
+
+    class WrapsOutput(VllmOverrides):
+        target = Output
+        subclass = "tests:Wrapper"
+        methods = ("get_output",)
+
+    with pytest.raises(PatchTargetMissing, match="does not implement .*Output.get_kv_connector_output"):
+        WrapsOutput.apply()
 
 
 def test_an_added_attribute_must_not_exist_yet() -> None:

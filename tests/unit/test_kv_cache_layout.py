@@ -22,6 +22,10 @@ BLOCK_SIZE = 16
 value_view = kv_cache_layout.value_cache_view
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.ops._C, "cpu_attn_reshape_and_cache"),
+    reason="vLLM's CPU cache op is in its CPU build only",
+)
 def test_views_read_what_vllms_cpu_cache_op_writes() -> None:
     from vllm import _custom_ops as vllm_ops
 
