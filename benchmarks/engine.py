@@ -17,6 +17,9 @@ from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "8")
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+# A step prefilling 8K tokens of the 1.5B target took over 300 s here (vLLM's default limit
+# for a step) while other work shared the 2 cores.
+os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
 
 RESULTS = Path(__file__).parent / "results"
 
