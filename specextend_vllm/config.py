@@ -6,11 +6,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
+from specextend_vllm.algorithm.selection import RetrievalPolicy
 from specextend_vllm.algorithm.token_tree import MAX_TREE_NODES, TokenTree, TokenTreeError
 
 METHOD_NAME = "specextend"
 
-RetrievalPolicy = Literal["cmr", "streaming", "full"]
 DraftPositions = Literal["auto", "absolute", "compact"]
 RetrievalTrigger = Literal["interval", "adaptive"]
 VerificationAttention = Literal["auto", "hybrid", "native"]

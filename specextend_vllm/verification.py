@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 import torch
 
-from specextend_vllm import kv_cache_layout, ops
+from specextend_vllm import ops
+from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.ops.tree_attention import tree_attention
 from specextend_vllm.vllm_access.attention import flash_attn_varlen_func, merge_attn_states
 

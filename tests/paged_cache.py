@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specextend_vllm.kv_cache_layout import key_cache_view
+from specextend_vllm.algorithm.kv_cache_layout import key_cache_view
 
 HEAD_DIM = 64
 LAYOUTS = ("cpu_vec", "flash_attn")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from specextend_vllm import ops
-from specextend_vllm.kv_cache_layout import cpu_vec_key_cache_view
+from specextend_vllm.algorithm.kv_cache_layout import cpu_vec_key_cache_view
 
 NUM_Q_HEADS = 12
 NUM_KV_HEADS = 2

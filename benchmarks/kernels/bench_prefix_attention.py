@@ -29,7 +29,7 @@ from vllm import envs as vllm_envs
 
 from benchmarks.kernels.bench_chunk_scores import cpu_model, median_ms
 from specextend_vllm import ops
-from specextend_vllm.kv_cache_layout import cpu_vec_key_cache_view, cpu_vec_value_cache_view
+from specextend_vllm.algorithm.kv_cache_layout import cpu_vec_key_cache_view, cpu_vec_value_cache_view
 
 NUM_Q_HEADS = 12
 NUM_KV_HEADS = 2

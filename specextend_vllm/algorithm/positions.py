@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from specextend_vllm import kv_cache_layout
+from specextend_vllm.algorithm import kv_cache_layout
 
 # A working copy may take at most this share of the KV cache's blocks, all copies together.
 MAX_WORKING_COPY_SHARE = 0.25

@@ -6,9 +6,13 @@ are logical (positions in a request's block table).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
-from specextend_vllm.config import RetrievalPolicy
+# `cmr`: the chunks the target attends to most; `streaming`: the first chunk and the most
+# recent ones (StreamingLLM); `full`: the whole cache.
+RetrievalPolicy = Literal["cmr", "streaming", "full"]
 
 
 def select_top_chunks(

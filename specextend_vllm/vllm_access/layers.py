@@ -7,7 +7,7 @@ from vllm.config import VllmConfig, get_layers_from_vllm_config
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.models.utils import extract_layer_index
 
-from specextend_vllm import kv_cache_layout
+from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.config import METHOD_NAME
 
 

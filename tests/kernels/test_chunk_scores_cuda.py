@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specextend_vllm import ops
-from specextend_vllm.kv_cache_layout import key_cache_view
+from specextend_vllm.algorithm.kv_cache_layout import key_cache_view
 from tests.paged_cache import HEAD_COUNTS, LAYOUTS, make_paged_batch, ragged_context_lens
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specextend_vllm import ops
-from specextend_vllm.kv_cache_layout import value_cache_view
+from specextend_vllm.algorithm.kv_cache_layout import value_cache_view
 from tests.paged_cache import (
     HEAD_DIM,
     LAYOUTS,

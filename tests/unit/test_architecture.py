@@ -1,5 +1,6 @@
-"""The package's layering: no import circles (lazy imports included), and vLLM's
-internals imported only by the access layer and the patches."""
+"""The package's layering: no import circles (lazy imports included); vLLM's internals
+imported only by the access layer, the patches and the runtime seams; the algorithm
+imports nothing of the package above it; `patches/` holds registered patches only."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import specextend_vllm
 
 PACKAGE_ROOT = Path(specextend_vllm.__file__).parent
-VLLM_LAYERS = ("specextend_vllm.vllm_access", "specextend_vllm.patches")
+VLLM_LAYERS = ("specextend_vllm.vllm_access", "specextend_vllm.patches", "specextend_vllm.seams")
 
 
 def module_name(path: Path) -> str:
@@ -73,3 +74,37 @@ def test_the_algorithm_imports_no_vllm_at_all() -> None:
     for module, names in MODULES.items():
         if module.startswith("specextend_vllm.algorithm"):
             assert not any(name == "vllm" or name.startswith("vllm.") for name in names), module
+
+
+def test_the_algorithm_imports_nothing_above_it() -> None:
+    for module, names in MODULES.items():
+        if module.startswith("specextend_vllm.algorithm"):
+            above = sorted(
+                name for name in names
+                if name.startswith("specextend_vllm") and not name.startswith("specextend_vllm.algorithm")
+            )
+            assert above == [], module
+
+
+def test_patches_hold_registered_patches_only() -> None:
+    """Every patch class is in the registry's list; outside `patches/`, only the package
+    root imports them (through the registry), and the mechanism's error type may be
+    imported."""
+    import importlib
+
+    from specextend_vllm.patches import registry
+    from specextend_vllm.patches.base import VllmPatch
+
+    for path in sorted((PACKAGE_ROOT / "patches").glob("*.py")):
+        module = importlib.import_module(module_name(path))
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, VllmPatch) and value.__module__ == module.__name__:
+                assert value in registry.ALL_PATCHES or path.stem == "base", value.__name__
+    importers = {
+        (module, name)
+        for module, names in MODULES.items()
+        if not module.startswith("specextend_vllm.patches")
+        for name in names
+        if name.startswith("specextend_vllm.patches") and name != "specextend_vllm.patches.base"
+    }
+    assert importers == {("specextend_vllm", "specextend_vllm.patches.registry")}

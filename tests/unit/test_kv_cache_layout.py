@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specextend_vllm import kv_cache_layout
+from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.algorithm.positions import (
     DraftRotation,
     copy_kept_tokens,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specextend_vllm import kv_cache_layout
+from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.algorithm.token_tree import TokenTree
 from specextend_vllm.scoring import FinalLayerQuery
 from specextend_vllm.tree_verification import TreeVerifier

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from specextend_vllm import kv_cache_layout, ops
+from specextend_vllm import ops
+from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.verification import (
     HybridVerificationAttention,
     TreeAttentionStep,
@@ -192,3 +193,50 @@ def test_a_batch_with_prompt_chunks_recomputes_only_the_tree_requests() -> None:
     expected = causal_attention(data, scale, tree_masks)
     torch.testing.assert_close(output[:num_tokens], expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(expected, causal_attention(data, scale))
+
+
+def installed_vllm_source(relative: str) -> str | None:
+    """A file of the installed vLLM, read without importing it (GPU extensions do not
+    load without a GPU); None where this vLLM build has no such file."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    return path.read_text() if path.exists() else None
+
+
+@pytest.mark.skipif(
+    installed_vllm_source("vllm_flash_attn/flash_attn_interface.py") is None,
+    reason="this vLLM build has no vllm_flash_attn",
+)
+def test_the_gpu_prefix_call_matches_the_installed_flash_attention_signature() -> None:
+    """The keywords the GPU prefix path passes are parameters of the installed vLLM's
+    `flash_attn_varlen_func`, and its `fa_utils` (where the access layer imports it from)
+    still re-exports the function."""
+    import ast
+
+    calls: list[dict[str, Any]] = []
+
+    def recording_stand_in(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(kwargs)
+        return flash_attn_stand_in(**kwargs)
+
+    data = verification_batch("flash_attn")
+    flash_attn_prefix_attention(
+        data["query"][: data["batch"].num_actual_tokens],
+        data["raw"],
+        data["batch"],
+        torch.tensor(PREFIX_LENS, dtype=torch.int32),
+        HEAD_DIM**-0.5,
+        varlen_attention=recording_stand_in,
+    )
+    interface = ast.parse(installed_vllm_source("vllm_flash_attn/flash_attn_interface.py") or "")
+    [function] = [
+        node for node in interface.body
+        if isinstance(node, ast.FunctionDef) and node.name == "flash_attn_varlen_func"
+    ]
+    parameters = {arg.arg for arg in function.args.args + function.args.kwonlyargs}
+    assert set(calls[0]) <= parameters
+    assert "flash_attn_varlen_func" in (installed_vllm_source("v1/attention/backends/fa_utils.py") or "")

@@ -1,4 +1,4 @@
-"""Model seams, applied to the draft once it is loaded."""
+"""The draft's rotary table, extended past its trained length once the draft is loaded."""
 
 from __future__ import annotations
 
