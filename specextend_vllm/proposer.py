@@ -64,6 +64,10 @@ from specextend_vllm.vllm_access.config import (
     manager_block_size,
     working_copy_manager_blocks,
 )
+from specextend_vllm.vllm_access.quantization import (
+    DRAFT_MODEL_PREFIX,
+    match_ignored_layers_under_prefix,
+)
 from specextend_vllm.vllm_access.runner import (
     DraftModelProposer,
     request_ids,
@@ -113,6 +117,11 @@ class SpecExtendProposer(DraftModelProposer):
     @property
     def _prefix_attention(self) -> PrefixAttention:
         return flash_attn_prefix_attention if self.device.type == "cuda" else cpu_prefix_attention
+
+    def _create_draft_vllm_config(self) -> Any:
+        draft_vllm_config = super()._create_draft_vllm_config()
+        match_ignored_layers_under_prefix(draft_vllm_config.quant_config, DRAFT_MODEL_PREFIX)
+        return draft_vllm_config
 
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import torch
@@ -145,4 +146,20 @@ def save_needle_model(path: Path, base: Path, needle: int = NEEDLE_TOKEN) -> Pat
             attention.k_proj.bias[rows] = 0.0
     model.generation_config.eos_token_id = None
     model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def save_int8_model(source: Path, path: Path, keep: tuple[str, ...] = ()) -> Path:
+    """`source` quantized to int8 W8A8 by `scripts/quantize_int8.py` (the layers in `keep`
+    left unquantized), in the quantization environment (`scripts/setup_quantize_env.sh`
+    creates it on first use)."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    python = subprocess.run(
+        ["bash", str(scripts / "setup_quantize_env.sh")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    subprocess.run(
+        [python, str(scripts / "quantize_int8.py"), str(source), str(path), "--keep", *keep],
+        check=True,
+        capture_output=True,
+    )
     return path

@@ -47,6 +47,7 @@ class ProposerOverrides(VllmOverrides):
     subclass = "specextend_vllm.proposer:SpecExtendProposer"
     methods = (
         "__init__",
+        "_create_draft_vllm_config",
         "load_model",
         "initialize_attn_backend",
         "propose",
