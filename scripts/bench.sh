@@ -12,6 +12,7 @@ python="${SPECEXTEND_VENV:-.venv}/bin/python"
 long_inputs=("$python" -m benchmarks.long_inputs)
 declare -A commands=(
   [demo]="${python} -m benchmarks.demo"
+  [draft_cost]="${python} -m benchmarks.draft_cost"
   [lossless]="VLLM_CPU_KVCACHE_SPACE=5 ${python} -m benchmarks.lossless"
   [long_inputs_speed]="${long_inputs[*]} speed --texts-per-length 1 && ${long_inputs[*]} speed --append --texts paul_graham_essays --texts-per-length 1 --lengths 4096 8192"
   [long_inputs_tiny_draft]="${long_inputs[*]} tiny_draft --texts-per-length 1"
@@ -30,7 +31,7 @@ declare -A commands=(
   [serving]="${python} -m benchmarks.serving"
 )
 order=(
-  demo lossless long_inputs_speed long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
+  demo draft_cost lossless long_inputs_speed long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
   scorer_cpu prefix_attention_cpu working_copies_cpu serving

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from specextend_vllm.algorithm.selection import RetrievalPolicy
@@ -80,6 +82,10 @@ class SpecExtendConfig:
         `dynamic`: a tree of `num_speculative_tokens` nodes grown per request and step from
         the draft's confidences (EAGLE-2), at most `tree_max_depth` deep.
     tree_max_depth: the depth limit of dynamic trees.
+    draft_vocab: a JSON file holding a list of the draft's token ids (most frequent
+        first, as `python -m benchmarks.draft_vocab` writes it); the draft's LM head keeps
+        only their rows, and the draft proposes only those tokens (FR-Spec). Unset: the
+        whole vocabulary.
     """
 
     chunk_size: int = 32
@@ -93,12 +99,14 @@ class SpecExtendConfig:
     drafting: Drafting = "auto"
     tree: str | tuple[tuple[int, ...], ...] = "chain"
     tree_max_depth: int = 5
+    draft_vocab: str | None = None
 
     def __post_init__(self) -> None:
         self._check_tree()
+        self.draft_vocab_ids()
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name == "tree":
+            if field.name in ("tree", "draft_vocab"):
                 continue
             if field.name in CHOICE_KEYS:
                 allowed = get_args(CHOICE_KEYS[field.name])
@@ -136,6 +144,44 @@ class SpecExtendConfig:
         except TokenTreeError as error:
             raise SpecExtendConfigError(f"speculative_config['tree']: {error}.") from None
         object.__setattr__(self, "tree", tuple(tuple(path) for path in self.tree))
+
+    def draft_vocab_ids(self) -> list[int] | None:
+        """The token ids `draft_vocab` names, checked: a non-empty list of distinct ids."""
+        if self.draft_vocab is None:
+            return None
+        key = "speculative_config['draft_vocab']"
+        if not isinstance(self.draft_vocab, str):
+            raise SpecExtendConfigError(
+                f"{key} must be the path of a JSON file of token ids, got {self.draft_vocab!r}."
+            )
+        try:
+            ids = json.loads(Path(self.draft_vocab).read_text())
+        except (OSError, ValueError) as error:
+            raise SpecExtendConfigError(
+                f"{key}: cannot read a JSON list of token ids from {self.draft_vocab!r} ({error})."
+            ) from None
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+        ):
+            raise SpecExtendConfigError(
+                f"{key}: {self.draft_vocab!r} must hold a non-empty JSON list of token ids "
+                "(integers >= 0)."
+            )
+        if len(set(ids)) != len(ids):
+            raise SpecExtendConfigError(f"{key}: {self.draft_vocab!r} lists a token id twice.")
+        return ids
+
+    def check_draft_vocab(self, vocab_size: int) -> None:
+        """Every kept token id must be one of the draft's."""
+        ids = self.draft_vocab_ids()
+        if ids is not None and max(ids) >= vocab_size:
+            raise SpecExtendConfigError(
+                f"speculative_config['draft_vocab']: {self.draft_vocab!r} holds token id "
+                f"{max(ids)}, and the draft's vocabulary has {vocab_size} tokens (ids 0 to "
+                f"{vocab_size - 1})."
+            )
 
     def token_tree(self) -> TokenTree | None:
         """The static tree, or None for a chain or a dynamic tree."""

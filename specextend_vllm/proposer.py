@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from specextend_vllm.algorithm.draft_step import DraftStep
+from specextend_vllm.algorithm.draft_vocab import reduced_vocab_logits
 from specextend_vllm.algorithm.positions import (
     DraftRotation,
     WorkingCopies,
@@ -114,6 +115,20 @@ class SpecExtendProposer(DraftModelProposer):
         self._first_pass_sample_rows: torch.Tensor | None = None
         self._root_hidden_states: torch.Tensor | None = None
 
+    def _restrict_draft_vocab(self) -> None:
+        """With `draft_vocab`, the draft's logits come from the kept rows of its LM head."""
+        ids = self.method_config.draft_vocab_ids()
+        if ids is None:
+            return
+        kept_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.model.compute_logits = functools.partial(
+            reduced_vocab_logits,
+            kept_rows=layers.lm_head_rows(self.model, kept_ids),
+            kept_ids=kept_ids,
+            vocab_size=self.vllm_config.speculative_config.draft_model_config.get_vocab_size(),
+        )
+        logger.info("SpecExtend draft vocabulary: %d of its tokens kept", len(ids))
+
     @property
     def _prefix_attention(self) -> PrefixAttention:
         return flash_attn_prefix_attention if self.device.type == "cuda" else cpu_prefix_attention
@@ -125,6 +140,7 @@ class SpecExtendProposer(DraftModelProposer):
 
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
+        self._restrict_draft_vocab()
         self.rotation = extend_draft_rotary_table(self.model, self.max_model_len)
         self._draft_layers = layers.attention_layers(self.vllm_config, self._draft_attn_layer_names)
         if self.method_config.uses_compact_positions() and self.trained_length < self.max_model_len:
@@ -245,7 +261,7 @@ class SpecExtendProposer(DraftModelProposer):
     def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
         """Replaces some of the method's keys on a running engine, for example to compare
         policies on one prefill; every request selects its chunks afresh at its next step."""
-        allowed = set(SpecExtendConfig.keys()) - {"drafting", "tree"}
+        allowed = set(SpecExtendConfig.keys()) - {"drafting", "tree", "draft_vocab"}
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise ValueError(

@@ -68,6 +68,12 @@ def draft_trained_length(speculative_config: SpeculativeConfig) -> int:
     )
 
 
+def draft_vocab_size(speculative_config: SpeculativeConfig) -> int:
+    draft_config = speculative_config.draft_model_config
+    assert draft_config is not None
+    return draft_config.get_vocab_size()
+
+
 def manager_block_size(kv_cache_config: KVCacheConfig) -> int:
     """Tokens per block as the scheduler counts them (a multiple of the kernel's)."""
     return kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size

@@ -1,4 +1,4 @@
-"""Attention layers of the target and the draft, and their paged KV caches."""
+"""Attention layers of the target and the draft, their paged KV caches, the draft's LM head."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 
 from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.config import METHOD_NAME
+from specextend_vllm.vllm_access.parallel import sum_over_tensor_parallel_ranks
 
 
 def target_final_attention_layer(vllm_config: VllmConfig, draft_layer_names: set[str]) -> Attention:
@@ -60,3 +61,19 @@ def raw_kv_cache(layer: Attention) -> torch.Tensor:
 def key_cache_view(layer: Attention) -> torch.Tensor:
     """The layer's paged keys as a [num_blocks, block_size, kv_heads, head_dim] view."""
     return kv_cache_layout.key_cache_view(raw_kv_cache(layer))
+
+
+def lm_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+    """[N, H] the rows of `model`'s LM head for these token ids, on every rank (a
+    tensor-parallel LM head holds one slice of the vocabulary per rank)."""
+    lm_head = model.lm_head
+    if type(lm_head.quant_method).__name__ != "UnquantizedEmbeddingMethod":
+        raise ValueError(
+            "speculative_config['draft_vocab'] needs the draft's LM head unquantized, and it "
+            f"is quantized ({type(lm_head.quant_method).__name__})."
+        )
+    shard = lm_head.shard_indices
+    on_this_rank = (token_ids >= shard.org_vocab_start_index) & (token_ids < shard.org_vocab_end_index)
+    rows = lm_head.weight.new_zeros(len(token_ids), lm_head.weight.shape[1])
+    rows[on_this_rank] = lm_head.weight[token_ids[on_this_rank] - shard.org_vocab_start_index]
+    return sum_over_tensor_parallel_ranks(rows)

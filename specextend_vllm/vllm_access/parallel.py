@@ -15,3 +15,10 @@ def mean_over_tensor_parallel_ranks() -> Callable[[torch.Tensor], torch.Tensor] 
     if world_size == 1:
         return None
     return lambda tensor: tensor_model_parallel_all_reduce(tensor) / world_size
+
+
+def sum_over_tensor_parallel_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of a tensor over the ranks (the tensor itself without tensor parallelism)."""
+    if get_tensor_model_parallel_world_size() == 1:
+        return tensor
+    return tensor_model_parallel_all_reduce(tensor)

@@ -216,3 +216,28 @@ def test_trees_turn_async_scheduling_off_and_refuse_it_when_asked(
     assert build_engine_config(tiny_models["target"], config).scheduler_config.async_scheduling is False
     with pytest.raises(ValueError, match=r"async_scheduling cannot be used with speculative_config\['tree'\]"):
         build_engine_config(tiny_models["target"], config, async_scheduling=True)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, r"\['draft_vocab'\]: cannot read a JSON list of token ids from"),
+        ("[1, 2", r"\['draft_vocab'\]: cannot read a JSON list of token ids from"),
+        ("[]", r"\['draft_vocab'\]: .* must hold a non-empty JSON list of token ids"),
+        ('[1, "2"]', r"\['draft_vocab'\]: .* must hold a non-empty JSON list of token ids"),
+        ("[1, -2]", r"\['draft_vocab'\]: .* must hold a non-empty JSON list of token ids"),
+        ("[3, 1, 3]", r"\['draft_vocab'\]: .* lists a token id twice"),
+        ("[0, 511, 512]", r"\['draft_vocab'\]: .* holds token id 512, and the draft's vocabulary has 512 tokens"),
+    ],
+)
+def test_bad_draft_vocabulary_is_rejected(
+    tmp_path: Path, tiny_models: dict[str, Path], content: str | None, message: str
+) -> None:
+    path = tmp_path / "vocab.json"
+    if content is not None:
+        path.write_text(content)
+    config = specextend_config(tiny_models["draft_noisy"], draft_vocab=str(path))
+    with pytest.raises(ValueError, match=message):
+        build_engine_config(tiny_models["target"], config)
+    path.write_text("[0, 511]")
+    build_engine_config(tiny_models["target"], config)

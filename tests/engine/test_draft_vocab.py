@@ -1,0 +1,73 @@
+"""A draft restricted to part of its vocabulary (`draft_vocab`) through the engine: the
+draft proposes only kept tokens, and output stays the target's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.harness import MAX_TOKENS, decode, specextend_config
+from tests.tiny_models import VOCAB_SIZE
+
+pytestmark = pytest.mark.engine
+
+
+def write_vocab(path: Path, ids: list[int]) -> str:
+    path.write_text(json.dumps(ids))
+    return str(path)
+
+
+def test_a_draft_kept_from_every_output_token_has_nothing_accepted(
+    tiny_models: dict[str, Path], tmp_path: Path, prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    """Catches a restriction that is not applied: the draft (a noisy copy of the target)
+    would then propose the target's tokens and have some accepted."""
+    produced = {token for output in plain_outputs for token in output}
+    vocab = write_vocab(tmp_path / "vocab.json", [t for t in range(VOCAB_SIZE) if t not in produced])
+    run = decode(tiny_models["target"], prompts, MAX_TOKENS, specextend_config(tiny_models["draft_noisy"], draft_vocab=vocab))
+    assert run.outputs == plain_outputs
+    assert run.counts["num_draft_tokens"] > 0 and run.counts["num_accepted_tokens"] == 0
+
+
+def test_a_draft_keeping_the_output_tokens_drafts_trees_and_has_them_accepted(
+    tiny_models: dict[str, Path], tmp_path: Path, prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    produced = sorted({token for output in plain_outputs for token in output})
+    assert len(produced) < VOCAB_SIZE // 2
+    vocab = write_vocab(tmp_path / "vocab.json", produced)
+    config = specextend_config(
+        tiny_models["draft_noisy"], draft_vocab=vocab, tree="dynamic", num_speculative_tokens=6, tree_max_depth=3
+    )
+    run = decode(tiny_models["target"], prompts, MAX_TOKENS, config)
+    assert run.outputs == plain_outputs
+    assert run.counts["num_accepted_tokens"] > 0 and run.stats["reduced_accepted_drafts"] > 0
+
+
+def test_two_tensor_parallel_ranks_gather_the_kept_rows_of_their_vocabulary_slices(
+    tiny_models: dict[str, Path],
+    tmp_path: Path,
+    prompts: list[list[int]],
+    plain_outputs: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each rank's LM head holds half the vocabulary; kept tokens from both halves. Catches
+    a rank that keeps only the rows of its own half: its draft then differs from one rank's."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    produced = sorted({token for output in plain_outputs for token in output})
+    assert min(produced) < VOCAB_SIZE // 2 <= max(produced)
+    config = specextend_config(
+        tiny_models["draft_noisy"], draft_vocab=write_vocab(tmp_path / "vocab.json", produced)
+    )
+    one_rank = decode(tiny_models["target"], prompts, MAX_TOKENS, config)
+    two_ranks = decode(
+        tiny_models["target"],
+        prompts,
+        MAX_TOKENS,
+        config,
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+    )
+    assert two_ranks.outputs == one_rank.outputs == plain_outputs
+    assert two_ranks.counts["num_accepted_tokens"] == one_rank.counts["num_accepted_tokens"] > 0
