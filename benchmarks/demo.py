@@ -1,10 +1,14 @@
 """The main job: one long prompt through the real Qwen2.5-Coder pair, offline.
 
-Runs no speculation, vLLM's `draft_model` and `specextend` (at its defaults, and drafting
-every step) on the same prompt and prints output equality, mean acceptance length and decode
+Runs no speculation, vLLM's `draft_model` and `specextend` (at its defaults, drafting
+every step, and drafting every step with the draft's vocabulary cut to its 32K most
+frequent tokens) on the same prompt and prints output equality, mean acceptance length and decode
 speed (median of `--repeats` decodes of the prompt, after its prefill, with the spread);
 saves the figures as JSON. The draft is the int8 Qwen2.5-Coder 0.5B (the cheap draft),
-`--draft-precision fp32` takes the fp32 one.
+`--draft-precision fp32` takes the fp32 one; a last row runs the fp32 draft for comparison.
+c is what a drafted token costs next to a target step, from the step timings: a step's
+whole proposal (the draft's passes, its LM head, retrieval) over `num_speculative_tokens`,
+over the target's forward in a step without speculation.
 
     python -m benchmarks.demo [--prompt-tokens 3000] [--max-tokens 64] [--repeats 3]
 """
@@ -13,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engine
+os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
+
+from benchmarks import engine  # noqa: E402
 
 
 def long_prompt(target: Path, num_tokens: int) -> list[int]:
@@ -52,6 +59,9 @@ def run_method(
     start = time.perf_counter()
     llm.generate(request, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
     prefill_s = time.perf_counter() - start
+    from specextend_vllm import step_timings
+
+    step_timings(llm)
     before = spec_counts(llm)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     decode_s = []
@@ -65,6 +75,7 @@ def run_method(
     drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)
     accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
     speeds = [len(tokens) / seconds for seconds in decode_s]
+    steps = engine.time_breakdown(step_timings(llm)[0], MAX_DECODE_STEP_TOKENS, sum(decode_s))
     result = {
         "prefill_s": prefill_s,
         "decode_s": decode_s,
@@ -72,6 +83,7 @@ def run_method(
         "decode_tokens_per_s_min": min(speeds),
         "decode_tokens_per_s_max": max(speeds),
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "steps": steps,
         "tokens": tokens,
         "text": output[0].outputs[0].text,
     }
@@ -86,6 +98,10 @@ def run_method(
     return result
 
 
+# Decoding steps verify at most this many tokens; longer steps are prefill.
+MAX_DECODE_STEP_TOKENS = 64
+
+
 def spec_counts(llm: Any) -> dict[str, float]:
     return {
         m.name.removeprefix("vllm:spec_decode_"): m.value
@@ -95,7 +111,7 @@ def spec_counts(llm: Any) -> dict[str, float]:
 
 
 def main() -> None:
-    from benchmarks.assets import int8_draft, qwen_pair
+    from benchmarks.assets import draft_vocab, int8_draft, qwen_pair
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, default=3000)
@@ -106,9 +122,8 @@ def main() -> None:
     parser.add_argument("--draft-precision", choices=("int8", "fp32"), default="int8")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
-    if not args.draft and args.draft_precision == "int8":
-        draft = int8_draft()
+    fp32_draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
+    draft = int8_draft() if not args.draft and args.draft_precision == "int8" else fp32_draft
     prompt = long_prompt(target, args.prompt_tokens)
     k = args.num_speculative_tokens
     methods = {
@@ -119,20 +134,35 @@ def main() -> None:
             "method": "specextend", "model": str(draft), "num_speculative_tokens": k, "drafting": "always"
         },
     }
+    if not args.draft:
+        # The same with the draft's vocabulary cut to its 32K most frequent tokens, and with
+        # the fp32 draft, for comparison.
+        methods["specextend_always_vocab32k"] = {
+            **methods["specextend_always"], "draft_vocab": str(draft_vocab())
+        }
+        if draft != fp32_draft:
+            methods["specextend_always_fp32"] = {**methods["specextend_always"], "model": str(fp32_draft)}
     results = {
         name: run_method(name, target, config, prompt, args.max_tokens, args.repeats)
         for name, config in methods.items()
     }
     baseline = results["no_speculation"]
     print(f"\nprompt: {len(prompt)} tokens, {args.max_tokens} new tokens, greedy, k={k}, draft {draft.name}")
-    print(f"{'method':<20}{'same output':>12}{'decode tok/s (min-max)':>24}{'vs none':>9}{'acceptance':>12}{'prefill s':>11}")
+    print(
+        f"{'method':<28}{'same output':>12}{'decode tok/s (min-max)':>24}{'vs none':>9}"
+        f"{'acceptance':>12}{'proposal ms':>13}{'c':>7}{'prefill s':>11}"
+    )
+    target_step_s = baseline["steps"].get("target_forward_s")
     for name, result in results.items():
         acceptance = result["mean_acceptance_length"]
         speed = f"{result['decode_tokens_per_s']:.2f} ({result['decode_tokens_per_s_min']:.2f}-{result['decode_tokens_per_s_max']:.2f})"
+        proposal_s = result["steps"].get("propose_s") or None
+        cost = f"{proposal_s / k / target_step_s:.2f}" if proposal_s and target_step_s else "-"
         print(
-            f"{name:<20}{str(result['tokens'] == baseline['tokens']):>12}{speed:>24}"
+            f"{name:<28}{str(result['tokens'] == baseline['tokens']):>12}{speed:>24}"
             f"{result['decode_tokens_per_s'] / baseline['decode_tokens_per_s']:>9.2f}"
-            f"{acceptance if acceptance is None else round(acceptance, 2)!s:>12}{result['prefill_s']:>11.1f}"
+            f"{acceptance if acceptance is None else round(acceptance, 2)!s:>12}"
+            f"{proposal_s * 1000 if proposal_s else 0:>13.1f}{cost:>7}{result['prefill_s']:>11.1f}"
         )
     print("specextend retrieval:", results["specextend"]["retrieval"])
     print("output:", baseline["text"][:300].replace("\n", " "))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from specextend_vllm.algorithm.draft_step import DraftStep
-from specextend_vllm.algorithm.draft_vocab import reduced_vocab_logits
+from specextend_vllm.algorithm.draft_vocab import scatter_kept_logits
 from specextend_vllm.algorithm.positions import (
     DraftRotation,
     WorkingCopies,
@@ -121,11 +121,10 @@ class SpecExtendProposer(DraftModelProposer):
         if ids is None:
             return
         kept_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self.model.compute_logits = functools.partial(
-            reduced_vocab_logits,
-            kept_rows=layers.lm_head_rows(self.model, kept_ids),
-            kept_ids=kept_ids,
-            vocab_size=self.vllm_config.speculative_config.draft_model_config.get_vocab_size(),
+        kept_logits = layers.kept_rows_logits(self.model, kept_ids)
+        vocab_size = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
+        self.model.compute_logits = lambda hidden_states: scatter_kept_logits(
+            kept_logits(hidden_states), kept_ids, vocab_size
         )
         logger.info("SpecExtend draft vocabulary: %d of its tokens kept", len(ids))
 

@@ -14,19 +14,11 @@ from __future__ import annotations
 import torch
 
 
-def reduced_vocab_logits(
-    hidden_states: torch.Tensor, kept_rows: torch.Tensor, kept_ids: torch.Tensor, vocab_size: int
-) -> torch.Tensor:
-    """[T, vocab_size] logits of the kept tokens, -inf for every other token.
+def scatter_kept_logits(kept_logits: torch.Tensor, kept_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[T, vocab_size] logits: the kept tokens' from `kept_logits` [T, N], -inf elsewhere.
 
-    hidden_states: [T, H]; kept_rows: [N, H], the LM head's rows of the kept tokens;
-    kept_ids: [N], their token ids.
-
-    >>> head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0]])
-    >>> kept = torch.tensor([3, 1])
-    >>> reduced_vocab_logits(torch.tensor([[2.0, 1.0]]), head[kept], kept, 4)
+    >>> scatter_kept_logits(torch.tensor([[-2.0, 1.0]]), torch.tensor([3, 1]), 4)
     tensor([[-inf,  1., -inf, -2.]])
     """
-    logits = hidden_states.new_full((hidden_states.shape[0], vocab_size), float("-inf"))
-    logits[:, kept_ids] = hidden_states @ kept_rows.to(hidden_states.dtype).T
-    return logits
+    logits = kept_logits.new_full((kept_logits.shape[0], vocab_size), float("-inf"))
+    return logits.index_copy_(1, kept_ids, kept_logits)

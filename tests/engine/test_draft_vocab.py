@@ -9,9 +9,15 @@ from pathlib import Path
 import pytest
 
 from tests.harness import MAX_TOKENS, decode, specextend_config
-from tests.tiny_models import VOCAB_SIZE
+from tests.tiny_models import VOCAB_SIZE, save_cross_tokenizer_pair
 
 pytestmark = pytest.mark.engine
+
+
+def draft_words(model: Path) -> list[str]:
+    """The words of a tiny model's word tokenizer, by token id."""
+    vocab = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
+    return sorted(vocab, key=vocab.__getitem__)
 
 
 def write_vocab(path: Path, ids: list[int]) -> str:
@@ -71,3 +77,25 @@ def test_two_tensor_parallel_ranks_gather_the_kept_rows_of_their_vocabulary_slic
     )
     assert two_ranks.outputs == one_rank.outputs == plain_outputs
     assert two_ranks.counts["num_accepted_tokens"] == one_rank.counts["num_accepted_tokens"] > 0
+
+
+def test_a_draft_with_its_own_tokenizer_keeps_ids_of_its_own_vocabulary(
+    tiny_models: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    prompts: list[list[int]],
+    plain_outputs: list[list[int]],
+) -> None:
+    """With `use_heterogeneous_vocab`, kept ids are the draft's: here the draft ids of the
+    target's output tokens (the draft's token j < 400 is the target's permutation[j])."""
+    root = tmp_path_factory.mktemp("vocab_cross")
+    target, draft = save_cross_tokenizer_pair(root, tiny_models["target"], 400, seed=5)
+    draft_ids = {word: index for index, word in enumerate(draft_words(draft))}
+    target_words = draft_words(target)
+    produced = {target_words[token] for output in plain_outputs for token in output}
+    kept = sorted(draft_ids[word] for word in produced if word in draft_ids)
+    config = specextend_config(
+        draft, draft_vocab=write_vocab(root / "vocab.json", kept), use_heterogeneous_vocab=True
+    )
+    run = decode(target, prompts, MAX_TOKENS, config, skip_tokenizer_init=False)
+    assert run.outputs == plain_outputs
+    assert run.counts["num_accepted_tokens"] > 0
