@@ -11,21 +11,36 @@ batch grows, and verifying k + 1 tokens per request costs up to k + 1 times a pl
 so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...). Acceptance depends on
 the requests, not the batch size: one moving average for all. Each bucket measures drafting
 first, then not drafting, then keeps the better one, trying the other again for a few steps
-every `EXPLORATION_PERIOD` steps, so a changed workload changes the choice.
+after a number of steps that starts at `FIRST_EXPLORATION_PERIOD` and doubles while the
+choice holds, so a wrong first choice is left quickly and a changed workload changes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-# Weight of a new measurement in the moving averages.
+# Weight of a new measurement in the moving averages of step times and of tokens per
+# drafting step (which vary more: 1 to k + 1 from one step to the next).
 SMOOTHING = 0.2
-# Steps measured with each choice before the bucket compares them.
-MIN_SAMPLES = 3
-# Every this many steps of a bucket, it measures the choice it is not making...
+TOKENS_SMOOTHING = 0.05
+# Steps measured with each choice before the bucket compares them: more for drafting,
+# whose tokens per step vary from 1 to k + 1 from one step to the next (three steps that
+# accepted nothing at the start of an answer once settled a bucket on not drafting where
+# drafting was 1.3x faster), than for a plain step, whose time hardly varies.
+MIN_DRAFTING_SAMPLES = 8
+MIN_PLAIN_SAMPLES = 3
+# After a choice is made, the bucket measures the other one for a few steps after
+# FIRST_EXPLORATION_PERIOD steps, then after twice as many each time the choice holds, up
+# to EXPLORATION_PERIOD: a wrong first choice costs few steps, a right one is rarely left.
+# A choice that wins by more than CLEAR_WIN (a draft that is never accepted) waits the
+# whole EXPLORATION_PERIOD from the start.
+FIRST_EXPLORATION_PERIOD = 8
 EXPLORATION_PERIOD = 64
-# ...for this many steps (the first of them, a switch, is not measured).
+CLEAR_WIN = 1.5
+# Steps of each exploration (the first of them, a switch, is not measured): more for
+# drafting, whose acceptance needs more samples.
 EXPLORATION_STEPS = 4
+DRAFTING_EXPLORATION_STEPS = 8
 # The other choice must be this much better to replace the current one.
 SWITCH_MARGIN = 1.05
 
@@ -41,14 +56,23 @@ def batch_size_bucket(batch_size: int) -> int:
 
 @dataclasses.dataclass
 class MovingAverage:
+    smoothing: float = SMOOTHING
     value: float = 0.0
     samples: int = 0
 
     def add(self, measurement: float) -> None:
-        self.value = measurement if not self.samples else (
-            (1 - SMOOTHING) * self.value + SMOOTHING * measurement
-        )
+        """The mean of the samples so far, until there are 1 / smoothing of them; then an
+        exponential moving average (the first samples weigh no more than the later ones).
+
+        >>> average = MovingAverage(smoothing=0.25)
+        >>> for measurement in (1.0, 4.0, 4.0, 1.0):
+        ...     average.add(measurement)
+        >>> average.value
+        2.5
+        """
         self.samples += 1
+        weight = max(1 / self.samples, self.smoothing)
+        self.value += weight * (measurement - self.value)
 
 
 @dataclasses.dataclass
@@ -56,20 +80,45 @@ class BucketState:
     drafting_step_s: MovingAverage = dataclasses.field(default_factory=MovingAverage)
     plain_step_s: MovingAverage = dataclasses.field(default_factory=MovingAverage)
     prefers_drafting: bool = True
-    steps: int = 0
     exploring_for: int = 0
+    steps_since_exploration: int = 0
+    exploration_period: int = FIRST_EXPLORATION_PERIOD
 
     def measured(self) -> bool:
-        return min(self.drafting_step_s.samples, self.plain_step_s.samples) >= MIN_SAMPLES
+        return (
+            self.drafting_step_s.samples >= MIN_DRAFTING_SAMPLES
+            and self.plain_step_s.samples >= MIN_PLAIN_SAMPLES
+        )
 
     def drafts(self) -> bool:
         """What the bucket schedules now: each choice until measured, then the preferred
         one, or the other one while exploring."""
-        if self.drafting_step_s.samples < MIN_SAMPLES:
+        if self.drafting_step_s.samples < MIN_DRAFTING_SAMPLES:
             return True
-        if self.plain_step_s.samples < MIN_SAMPLES:
+        if self.plain_step_s.samples < MIN_PLAIN_SAMPLES:
             return False
         return self.prefers_drafting != (self.exploring_for > 0)
+
+    def schedule_exploration(self, preference_changed: bool, win: float) -> None:
+        """Counts a measured step towards the next exploration of the other choice; `win`
+        is how many times faster the preferred choice measures."""
+        if preference_changed:
+            self.exploring_for = 0
+            self.steps_since_exploration = 0
+            self.exploration_period = (
+                EXPLORATION_PERIOD if win > CLEAR_WIN else FIRST_EXPLORATION_PERIOD
+            )
+        elif self.exploring_for:
+            self.exploring_for -= 1
+            if not self.exploring_for:
+                self.exploration_period = min(2 * self.exploration_period, EXPLORATION_PERIOD)
+        else:
+            self.steps_since_exploration += 1
+            if self.steps_since_exploration >= self.exploration_period:
+                self.exploring_for = (
+                    EXPLORATION_STEPS if self.prefers_drafting else DRAFTING_EXPLORATION_STEPS
+                )
+                self.steps_since_exploration = 0
 
 
 class DraftLengthChooser:
@@ -83,10 +132,10 @@ class DraftLengthChooser:
     0.35 s for 1: it does not (1.7 tokens/s against 2.9).
 
     >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=8)
-    >>> for _ in range(MIN_SAMPLES):
+    >>> for _ in range(MIN_DRAFTING_SAMPLES):
     ...     chooser.record_step(1, 4, 4, 0.5, tokens_per_step=2.5)
     ...     chooser.record_step(8, 4, 4, 1.5, tokens_per_step=2.5)
-    >>> for _ in range(MIN_SAMPLES):
+    >>> for _ in range(MIN_PLAIN_SAMPLES):
     ...     chooser.record_step(1, 0, 0, 0.3)
     ...     chooser.record_step(8, 0, 0, 0.35)
     >>> chooser.lookup[1], chooser.lookup[8]
@@ -96,7 +145,7 @@ class DraftLengthChooser:
     def __init__(self, num_speculative_tokens: int, max_batch_size: int):
         self.num_speculative_tokens = num_speculative_tokens
         self.buckets = [BucketState() for _ in range(batch_size_bucket(max_batch_size) + 1)]
-        self.tokens_per_drafting_step = MovingAverage()
+        self.tokens_per_drafting_step = MovingAverage(TOKENS_SMOOTHING)
         self.lookup = [num_speculative_tokens] * (max_batch_size + 1)
 
     def record_step(
@@ -119,22 +168,23 @@ class DraftLengthChooser:
                 self.tokens_per_drafting_step.add(tokens_per_step)
         elif verified_drafts == next_drafts == 0:
             bucket.plain_step_s.add(step_seconds)
-        bucket.steps += 1
         if bucket.measured():
-            self._update_preference(bucket)
-            if bucket.exploring_for:
-                bucket.exploring_for -= 1
-            elif bucket.steps % EXPLORATION_PERIOD == 0:
-                bucket.exploring_for = EXPLORATION_STEPS
+            preferred = bucket.prefers_drafting
+            win = self._update_preference(bucket)
+            bucket.schedule_exploration(bucket.prefers_drafting != preferred, win)
         self._write_lookup(index, bucket.drafts())
 
-    def _update_preference(self, bucket: BucketState) -> None:
+    def _update_preference(self, bucket: BucketState) -> float:
+        """Updates the bucket's choice; returns how many times faster it measures."""
         drafting_rate = self.tokens_per_drafting_step.value / bucket.drafting_step_s.value
         plain_rate = 1.0 / bucket.plain_step_s.value
         if bucket.prefers_drafting:
             bucket.prefers_drafting = plain_rate <= SWITCH_MARGIN * drafting_rate
         else:
             bucket.prefers_drafting = drafting_rate > SWITCH_MARGIN * plain_rate
+        if bucket.prefers_drafting:
+            return drafting_rate / plain_rate
+        return plain_rate / drafting_rate
 
     def _write_lookup(self, index: int, drafts: bool) -> None:
         first = 1 << index
