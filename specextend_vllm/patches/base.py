@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 
 class PatchTargetMissing(RuntimeError):
@@ -122,23 +122,20 @@ class VllmOverrides(VllmPatch):
         abstract = getattr(cls.target, "__abstractmethods__", frozenset())
         unimplemented = sorted(abstract - {*cls.methods, *cls.newer_methods})
         if unimplemented:
-            import vllm
-
-            where = ", ".join(describe(cls.target, name) for name in unimplemented)
-            raise PatchTargetMissing(
-                f"specextend-vllm: {cls.subclass} does not implement {where}, abstract in "
-                f"vLLM {vllm.__version__}. Install a supported vLLM, or set "
-                "SPECEXTEND_DISABLE=1 to run vLLM without the plugin."
-            )
+            cls._refuse(unimplemented, "does not implement {where}, abstract in")
         if missing:
-            import vllm
+            cls._refuse(missing, "overrides {where}, which does not exist in")
 
-            where = ", ".join(describe(cls.target, name) for name in missing)
-            raise PatchTargetMissing(
-                f"specextend-vllm: {cls.subclass} overrides {where}, which does not exist in "
-                f"vLLM {vllm.__version__}. Install a supported vLLM, or set "
-                "SPECEXTEND_DISABLE=1 to run vLLM without the plugin."
-            )
+    @classmethod
+    def _refuse(cls, names: list[str], problem: str) -> NoReturn:
+        import vllm
+
+        where = ", ".join(describe(cls.target, name) for name in names)
+        raise PatchTargetMissing(
+            f"specextend-vllm: {cls.subclass} {problem.format(where=where)} vLLM "
+            f"{vllm.__version__}. Install a supported vLLM, or set SPECEXTEND_DISABLE=1 to run "
+            "vLLM without the plugin."
+        )
 
     @classmethod
     def is_applied(cls) -> bool:
