@@ -22,17 +22,18 @@ class ServeReportsConfigErrors(VllmPatch):
     target = ServeSubcommand
     attribute = "cmd"
 
+    @staticmethod
+    def replacement(args: argparse.Namespace) -> None:
+        # A module-level function: with several API servers (data parallelism) vLLM pickles
+        # the parsed arguments, this command included, into each server process.
+        try:
+            ServeReportsConfigErrors.original(args)
+        except SpecExtendConfigError as error:
+            raise SystemExit(f"vllm serve: {error}") from None
+
     @classmethod
     def new_attribute(cls) -> Any:
-        serve = cls.original
-
-        def cmd(args: argparse.Namespace) -> None:
-            try:
-                serve(args)
-            except SpecExtendConfigError as error:
-                raise SystemExit(f"vllm serve: {error}") from None
-
-        return staticmethod(cmd)
+        return staticmethod(cls.replacement)
 
 
 class TreesRefuseUnsupportedSamplingParams(VllmPatch):
