@@ -204,11 +204,13 @@ def plot(results_path: Path) -> Path:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from benchmarks.assets import qwen_pair
+    from benchmarks.assets import int8_draft, qwen_pair
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, help="model folder (default: Qwen2.5-Coder 1.5B)")
     parser.add_argument("--draft", type=Path, help="model folder (default: Qwen2.5-Coder 0.5B)")
+    parser.add_argument("--draft-precision", choices=("fp32", "int8"), default="fp32",
+                        help="without --draft: the fp32 0.5B draft or its int8 W8A8 copy")
     parser.add_argument("--length", type=int, default=2048, help="prompt tokens")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--num-prompts", type=int, default=4)
@@ -225,6 +227,8 @@ def main() -> None:
         print(f"saved {plot(path)}")
         return
     draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
+    if not args.draft and args.draft_precision == "int8":
+        draft = int8_draft()
     tokenizer = AutoTokenizer.from_pretrained(target)
     with tempfile.TemporaryDirectory(prefix="specextend-serving-") as work:
         rows = run(args, draft, target, tokenizer, Path(work))

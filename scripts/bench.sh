@@ -29,12 +29,13 @@ declare -A commands=(
   [prefix_attention_cpu]="${python} -m benchmarks.kernels.bench_prefix_attention"
   [working_copies_cpu]="${python} -m benchmarks.kernels.bench_working_copies"
   [serving]="${python} -m benchmarks.serving"
+  [serving_int8]="${python} -m benchmarks.serving --draft-precision int8 --output serving_int8"
 )
 order=(
   demo draft_cost lossless long_inputs_speed long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
-  scorer_cpu prefix_attention_cpu working_copies_cpu serving
+  scorer_cpu prefix_attention_cpu working_copies_cpu serving serving_int8
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${order[@]}")
