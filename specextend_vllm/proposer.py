@@ -34,12 +34,12 @@ from specextend_vllm.algorithm.triggers import due_by_schedule, lost_attention_s
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
 from specextend_vllm.metrics import RetrievalMetrics
 from specextend_vllm.scoring import ChunkScorer, FinalLayerQuery
-from specextend_vllm.seams.attention import (
+from specextend_vllm.vllm_access.attention_seam import (
     AttentionLayerSeam,
     attention_layer_seam,
     limit_attention_window,
 )
-from specextend_vllm.seams.rotary import extend_draft_rotary_table
+from specextend_vllm.vllm_access.rotary import extend_draft_rotary_table
 from specextend_vllm.tree_drafting import (
     DraftTreeAttention,
     DraftTreePass,

@@ -15,7 +15,7 @@ class FinalLayerQuery:
     """Holds the post-RoPE query of the target's final attention layer from its last
     forward pass: one row per token of the target batch, [num_tokens, Hq, D].
 
-    `observe` watches that layer's attention (see `seams.attention`); it keeps a
+    `observe` watches that layer's attention (see `vllm_access.attention_seam`); it keeps a
     reference, not a copy, which stays valid until the next target forward.
     """
 

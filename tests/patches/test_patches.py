@@ -17,7 +17,7 @@ import torch
 
 from specextend_vllm import register
 from specextend_vllm.patches import registry
-from specextend_vllm.seams.attention import AttentionLayerSeam, attention_layer_seam
+from specextend_vllm.vllm_access.attention_seam import AttentionLayerSeam, attention_layer_seam
 from specextend_vllm.patches.base import PatchTargetMissing, VllmOverrides, VllmPatch
 
 OVERRIDES = [patch for patch in registry.ALL_PATCHES if issubclass(patch, VllmOverrides)]

@@ -1,5 +1,5 @@
 """The package's layering: no import circles (lazy imports included); vLLM's internals
-imported only by the access layer, the patches and the runtime seams; the algorithm
+imported only by the access layer (with the runtime seams) and the patches; the algorithm
 imports nothing of the package above it; `patches/` holds registered patches only."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import specextend_vllm
 
 PACKAGE_ROOT = Path(specextend_vllm.__file__).parent
-VLLM_LAYERS = ("specextend_vllm.vllm_access", "specextend_vllm.patches", "specextend_vllm.seams")
+VLLM_LAYERS = ("specextend_vllm.vllm_access", "specextend_vllm.patches")
 
 
 def module_name(path: Path) -> str:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specextend_vllm.algorithm.kv_cache_layout import cpu_vec_key_cache_view
-from specextend_vllm.seams.rotary import extend_draft_rotary_table
+from specextend_vllm.vllm_access.rotary import extend_draft_rotary_table
 from specextend_vllm.algorithm.positions import (
     WorkingCopies,
     packed_chunk_tokens,
