@@ -483,6 +483,22 @@ def sha256_of_weights(folder: Path) -> dict[str, str]:
     return {path.name: file_sha256(path) for path in sorted(folder.glob("*.safetensors"))}
 
 
+def quantize_to_int8(source: Path, out: Path, keep: tuple[str, ...] = (), quiet: bool = False) -> Path:
+    """`source` quantized to int8 W8A8 by `scripts/quantize_int8.py` (the layers in `keep`
+    left unquantized), in the quantization environment (`scripts/setup_quantize_env.sh`
+    creates it on first use)."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    python = subprocess.run(
+        ["bash", str(scripts / "setup_quantize_env.sh")], check=True, stdout=subprocess.PIPE, text=True
+    ).stdout.strip()
+    subprocess.run(
+        [python, str(scripts / "quantize_int8.py"), str(source), str(out), "--keep", *keep],
+        check=True,
+        capture_output=quiet,
+    )
+    return out
+
+
 def int8_draft(cache_dir: Path | None = None) -> Path:
     """The Qwen2.5-Coder 0.5B draft quantized to int8 W8A8 by ``scripts/quantize_int8.py``."""
     root = resolve_cache_dir(cache_dir)
@@ -497,13 +513,8 @@ def int8_draft(cache_dir: Path | None = None) -> Path:
         return final
     log(f"building {final.name} (int8 W8A8, llmcompressor)")
     started = time.monotonic()
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    python = subprocess.run(
-        ["bash", str(scripts / "setup_quantize_env.sh")], check=True, stdout=subprocess.PIPE, text=True
-    ).stdout.strip()
     with staging_dir(root) as staging:
-        built = staging / final.name
-        subprocess.run([python, str(scripts / "quantize_int8.py"), str(source_dir), str(built)], check=True)
+        built = quantize_to_int8(source_dir, staging / final.name)
         (built / INT8_CHECKSUM_FILE).write_text(json.dumps(sha256_of_weights(built), indent=2) + "\n")
         write_stamp(built, stamp)
         publish(built, final)

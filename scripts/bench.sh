@@ -27,6 +27,7 @@ declare -A commands=(
   [retrieval_accuracy]="VLLM_CPU_KVCACHE_SPACE=2 ${python} -m benchmarks.retrieval_accuracy --lengths 4096 && VLLM_CPU_KVCACHE_SPACE=2 ${python} -m benchmarks.retrieval_accuracy --append --lengths 8192 --texts-per-genre 1 --settings full streaming cmr_chunk32 cmr_chunk128"
   [scorer_cpu]="${python} -m benchmarks.kernels.bench_chunk_scores"
   [prefix_attention_cpu]="${python} -m benchmarks.kernels.bench_prefix_attention"
+  [draft_vocab_logits]="${python} -m benchmarks.kernels.bench_draft_vocab_logits"
   [working_copies_cpu]="${python} -m benchmarks.kernels.bench_working_copies"
   [serving]="${python} -m benchmarks.serving"
   [serving_int8]="${python} -m benchmarks.serving --draft-precision int8 --output serving_int8"
@@ -35,7 +36,7 @@ order=(
   demo draft_cost lossless long_inputs_speed long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
-  scorer_cpu prefix_attention_cpu working_copies_cpu serving serving_int8
+  scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${order[@]}")

@@ -117,3 +117,10 @@ def decode(
         return EngineRun(outputs, spec_decode_counts(llm), stats)
 
     return on_engine(model, speculative_config, run, **overrides)
+
+
+def two_tensor_parallel_ranks(monkeypatch: Any) -> dict[str, Any]:
+    """Engine overrides for TP=2 on CPU, one core per rank (vLLM's automatic binding asks
+    for a NUMA node per rank)."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    return {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import torch
@@ -150,16 +149,7 @@ def save_needle_model(path: Path, base: Path, needle: int = NEEDLE_TOKEN) -> Pat
 
 
 def save_int8_model(source: Path, path: Path, keep: tuple[str, ...] = ()) -> Path:
-    """`source` quantized to int8 W8A8 by `scripts/quantize_int8.py` (the layers in `keep`
-    left unquantized), in the quantization environment (`scripts/setup_quantize_env.sh`
-    creates it on first use)."""
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    python = subprocess.run(
-        ["bash", str(scripts / "setup_quantize_env.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    subprocess.run(
-        [python, str(scripts / "quantize_int8.py"), str(source), str(path), "--keep", *keep],
-        check=True,
-        capture_output=True,
-    )
-    return path
+    """`source` quantized to int8 W8A8 as the assets quantize the benchmarks' draft."""
+    from benchmarks.assets import quantize_to_int8
+
+    return quantize_to_int8(source, path, keep, quiet=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import MAX_TOKENS, decode, specextend_config
+from tests.harness import MAX_TOKENS, decode, specextend_config, two_tensor_parallel_ranks
 from tests.tiny_models import VOCAB_SIZE, save_cross_tokenizer_pair
 
 pytestmark = pytest.mark.engine
@@ -60,7 +60,6 @@ def test_two_tensor_parallel_ranks_gather_the_kept_rows_of_their_vocabulary_slic
 ) -> None:
     """Each rank's LM head holds half the vocabulary; kept tokens from both halves. Catches
     a rank that keeps only the rows of its own half: its draft then differs from one rank's."""
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     produced = sorted({token for output in plain_outputs for token in output})
     assert min(produced) < VOCAB_SIZE // 2 <= max(produced)
     config = specextend_config(
@@ -72,8 +71,7 @@ def test_two_tensor_parallel_ranks_gather_the_kept_rows_of_their_vocabulary_slic
         prompts,
         MAX_TOKENS,
         config,
-        tensor_parallel_size=2,
-        distributed_executor_backend="mp",
+        **two_tensor_parallel_ranks(monkeypatch),
     )
     assert two_ranks.outputs == one_rank.outputs == plain_outputs
     assert two_ranks.counts["num_accepted_tokens"] == one_rank.counts["num_accepted_tokens"] > 0

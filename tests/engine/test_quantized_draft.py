@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from specextend_vllm import retrieval_stats
-from tests.harness import MAX_TOKENS, generate_ids, on_engine, spec_decode_counts, specextend_config
+from tests.harness import (
+    MAX_TOKENS,
+    generate_ids,
+    on_engine,
+    spec_decode_counts,
+    specextend_config,
+    two_tensor_parallel_ranks,
+)
 from tests.tiny_models import save_cross_tokenizer_pair, save_int8_model, set_trained_length
 
 pytestmark = pytest.mark.engine
@@ -116,13 +123,11 @@ def test_int8_draft_on_two_tensor_parallel_ranks(
     plain_outputs: list[list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     run = decode_with(
         tiny_models["target"],
         int8_draft,
         prompts,
-        tensor_parallel_size=2,
-        distributed_executor_backend="mp",
+        **two_tensor_parallel_ranks(monkeypatch),
     )()
     assert_int8_lossless_and_accepted(run, plain_outputs)
     assert len(run.ranks) == 2 and run.ranks[0]["selections"] == run.ranks[1]["selections"]

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from specextend_vllm import retrieval_stats
-from tests.harness import MAX_TOKENS, generate_ids, on_engine, spec_decode_counts, specextend_config
+from tests.harness import (
+    MAX_TOKENS,
+    generate_ids,
+    on_engine,
+    spec_decode_counts,
+    specextend_config,
+    two_tensor_parallel_ranks,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -20,9 +27,6 @@ def test_two_ranks_keep_the_same_chunks_and_stay_lossless(
     plain_outputs: list[list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # One core per rank: vLLM's automatic binding asks for a NUMA node per rank.
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-
     def run(llm: Any) -> tuple[list[list[int]], dict[str, float], list[dict[str, Any]]]:
         return generate_ids(llm, prompts, MAX_TOKENS), spec_decode_counts(llm), retrieval_stats(llm)
 
@@ -30,8 +34,7 @@ def test_two_ranks_keep_the_same_chunks_and_stay_lossless(
         tiny_models["target"],
         specextend_config(tiny_models["draft_noisy"]),
         run,
-        tensor_parallel_size=2,
-        distributed_executor_backend="mp",
+        **two_tensor_parallel_ranks(monkeypatch),
     )
     assert outputs == plain_outputs
     assert counts["num_accepted_tokens"] > 0
