@@ -21,13 +21,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import engine
 from benchmarks.genres import GENRES, genre_texts
 from benchmarks.prompts import summary_prompt
+from benchmarks.server_health import wait_until_healthy
 
 VLLM_CLI = Path(sys.executable).with_name("vllm")
 START_TIMEOUT_S = 900
@@ -94,19 +94,7 @@ def start_server(
 
 
 def wait_until_ready(server: subprocess.Popen[bytes], port: int) -> None:
-    import httpx
-
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError("vllm serve exited; see its log")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"vllm serve not ready after {START_TIMEOUT_S} s")
+    wait_until_healthy(server, f"http://127.0.0.1:{port}", START_TIMEOUT_S, poll_s=2)
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> None:

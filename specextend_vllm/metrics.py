@@ -55,6 +55,12 @@ class SpecExtendCounts:
     retrieval policy other than `full`) that the target verified."""
     full_accepted_drafts: int = 0
     """Those of them the target accepted."""
+    skipped_draft_steps: int = 0
+    """Request steps that drafted nothing and did not run the draft."""
+    catch_up_passes: int = 0
+    """Draft passes writing the KV of tokens those steps skipped, before the draft ran again."""
+    catch_up_tokens: int = 0
+    """Tokens those passes wrote."""
 
     def add(self, other: SpecExtendCounts) -> None:
         for field in dataclasses.fields(self):
@@ -80,6 +86,9 @@ class SpecExtendCounts:
             "reduced_accepted_drafts": self.reduced_accepted_drafts,
             "full_verified_drafts": self.full_verified_drafts,
             "full_accepted_drafts": self.full_accepted_drafts,
+            "skipped_draft_steps": self.skipped_draft_steps,
+            "catch_up_passes": self.catch_up_passes,
+            "catch_up_tokens": self.catch_up_tokens,
         }
 
 
@@ -140,6 +149,13 @@ class RetrievalMetrics:
         new.reduced_accepted_drafts += counts[6]
         new.full_verified_drafts += counts[7]
         new.full_accepted_drafts += counts[8]
+
+    def record_skipped_draft_step(self, num_reqs: int) -> None:
+        self._new.skipped_draft_steps += num_reqs
+
+    def record_catch_up(self, num_tokens: int) -> None:
+        self._new.catch_up_passes += 1
+        self._new.catch_up_tokens += num_tokens
 
     def record_hybrid_verification(self) -> None:
         self._new.hybrid_verifications += 1

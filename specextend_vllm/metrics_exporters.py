@@ -65,6 +65,18 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:specextend_full_accepted_drafts",
         "Draft tokens drafted on the full cache that the target accepted.",
     ),
+    "skipped_draft_steps": (
+        "vllm:specextend_skipped_draft_steps",
+        "Request steps that drafted nothing and did not run the draft.",
+    ),
+    "catch_up_passes": (
+        "vllm:specextend_catch_up_passes",
+        "Draft passes writing the KV of the tokens of skipped draft steps.",
+    ),
+    "catch_up_tokens": (
+        "vllm:specextend_catch_up_tokens",
+        "Tokens written by the draft's catch-up passes.",
+    ),
 }
 
 
@@ -106,7 +118,8 @@ class SpecExtendLogging:
                 "Engine %03d: SpecExtend metrics: Retrievals: %d, Reduced draft steps: %d "
                 "(compact positions: %d), Full draft steps: %d, Mean kept tokens: %.1f of "
                 "%.1f context tokens, Scorer: %d calls, %.3f s, Hybrid verifications: %d, "
-                "Accepted drafts: %d of %d on reduced caches, %d of %d on full caches",
+                "Accepted drafts: %d of %d on reduced caches, %d of %d on full caches, "
+                "Skipped draft steps: %d, Catch-up: %d passes, %d tokens",
                 engine_idx,
                 counts.retrievals,
                 counts.reduced_draft_steps,
@@ -121,5 +134,8 @@ class SpecExtendLogging:
                 counts.reduced_verified_drafts,
                 counts.full_accepted_drafts,
                 counts.full_verified_drafts,
+                counts.skipped_draft_steps,
+                counts.catch_up_passes,
+                counts.catch_up_tokens,
             )
         self._since_last_log.clear()

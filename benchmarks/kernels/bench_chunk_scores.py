@@ -13,14 +13,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.kernels.common import cpu_model, median_ms, shuffled_vec_cache
 from specextend_vllm import ops
 from specextend_vllm.algorithm.kv_cache_layout import cpu_vec_key_cache_view
 
@@ -32,38 +30,17 @@ CHUNK_SIZE = 128
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "results" / "scorer_cpu.json"
 
 
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def make_inputs(batch: int, context_len: int, seed: int = 0) -> tuple[Any, ...]:
     """A shuffled paged fp32 cache in the CPU vec layout, every request full."""
     generator = torch.Generator().manual_seed(seed)
-    blocks_per_request = context_len // BLOCK_SIZE
-    num_blocks = batch * blocks_per_request
-    raw_cache = torch.randn(
-        num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM, generator=generator
+    raw_cache, block_table = shuffled_vec_cache(
+        batch, context_len, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, generator
     )
-    block_table = torch.randperm(num_blocks, generator=generator, dtype=torch.int32)
     query = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, generator=generator)
     return (
         query,
         cpu_vec_key_cache_view(raw_cache),
-        block_table.view(batch, blocks_per_request),
+        block_table,
         torch.full((batch,), context_len, dtype=torch.int32),
         CHUNK_SIZE,
         HEAD_DIM**-0.5,

@@ -27,7 +27,7 @@ import vllm
 from vllm import _custom_ops as vllm_ops
 from vllm import envs as vllm_envs
 
-from benchmarks.kernels.bench_chunk_scores import cpu_model, median_ms
+from benchmarks.kernels.common import cpu_model, median_ms, shuffled_vec_cache
 from specextend_vllm import ops
 from specextend_vllm.algorithm.kv_cache_layout import cpu_vec_key_cache_view, cpu_vec_value_cache_view
 
@@ -49,11 +49,9 @@ class PagedCache:
 def make_cache(batch: int, num_tokens: int, seed: int = 0) -> PagedCache:
     """Random keys and values for num_tokens tokens of each request."""
     generator = torch.Generator().manual_seed(seed)
-    blocks_per_request = -(-num_tokens // BLOCK_SIZE)
-    num_blocks = batch * blocks_per_request
-    raw = torch.randn(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM, generator=generator)
-    block_table = torch.randperm(num_blocks, generator=generator, dtype=torch.int32)
-    return PagedCache(raw, block_table.view(batch, blocks_per_request))
+    return PagedCache(
+        *shuffled_vec_cache(batch, num_tokens, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, generator)
+    )
 
 
 def query_start_loc(batch: int, query_len: int) -> torch.Tensor:  # [B + 1] int32

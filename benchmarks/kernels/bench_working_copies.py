@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.kernels.bench_chunk_scores import cpu_model, median_ms
+from benchmarks.kernels.common import cpu_model, median_ms
 from specextend_vllm.algorithm.positions import (
     DraftRotation,
     copy_kept_tokens,

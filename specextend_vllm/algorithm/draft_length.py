@@ -2,7 +2,8 @@
 
 A decoding step with k drafts gives each request `tokens_per_step` tokens (1 + accepted
 drafts) in `step_seconds(k)`; a step with none gives 1 token in `step_seconds(0)` (the draft
-still runs once over the new tokens, to keep its KV cache in step). Drafting pays while
+does not run: the next step that drafts first writes its KV of the missed tokens in one
+pass, a cost that falls on the first drafting step, which is not measured). Drafting pays while
 
     tokens_per_step / step_seconds(k) >= 1 / step_seconds(0).
 

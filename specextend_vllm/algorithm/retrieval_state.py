@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specextend_vllm.algorithm.request_slots import RequestSlots
+
 
 class RetrievalState:
     """Per-request selections, in fixed slots created and freed with the requests.
@@ -28,36 +30,33 @@ class RetrievalState:
         self.compact = torch.zeros(max_requests, dtype=torch.bool, device=device)
         self.selected_share = torch.zeros(max_requests, dtype=torch.float32, device=device)
         self.drafted_reduced = torch.zeros(max_requests, dtype=torch.bool, device=device)
-        self._slot_by_request: dict[str, int] = {}
-        self._free_slots = list(range(max_requests - 1, -1, -1))
+        self._request_slots = RequestSlots(max_requests)
 
     def __len__(self) -> int:
-        return len(self._slot_by_request)
+        return len(self._request_slots)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self._request_slots.num_free
 
     def slots(self, request_ids: list[str]) -> torch.Tensor:
         """Slot of each request, creating empty ones for requests not seen before."""
-        slot_by_request = self._slot_by_request
-        for request_id in request_ids:
-            if request_id not in slot_by_request:
-                slot = self._free_slots.pop()
-                slot_by_request[request_id] = slot
-                self.steps_since_selection[slot] = -1
-                self.drafted_reduced[slot] = False
-        return torch.tensor([slot_by_request[r] for r in request_ids], dtype=torch.int64).to(
+        slots, new_slots = self._request_slots.assign(request_ids)
+        if new_slots:
+            self.steps_since_selection[new_slots] = -1
+            self.drafted_reduced[new_slots] = False
+        return torch.tensor(slots, dtype=torch.int64).to(
             self.kept_chunks.device, non_blocking=True
         )
 
     def reset(self, request_ids: list[str]) -> None:
         """Forgets the selections of requests that start over (resumed after preemption)."""
-        slots = [self._slot_by_request[r] for r in request_ids if r in self._slot_by_request]
+        slots = self._request_slots.existing(request_ids)
         if slots:
             self.steps_since_selection[slots] = -1
 
     def free(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            slot = self._slot_by_request.pop(request_id, None)
-            if slot is not None:
-                self._free_slots.append(slot)
+        self._request_slots.free(request_ids)
 
     def store(
         self,

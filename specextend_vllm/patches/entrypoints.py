@@ -11,7 +11,7 @@ from vllm.v1.engine.input_processor import InputProcessor
 
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfigError
 from specextend_vllm.patches.base import VllmPatch
-from specextend_vllm.tree_verification import sampling_params_unsupported_with_trees
+from specextend_vllm.trees.verification import sampling_params_unsupported_with_trees
 from specextend_vllm.vllm_access.config import specextend_config
 
 

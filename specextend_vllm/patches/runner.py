@@ -107,8 +107,8 @@ class WorkerReconfiguresSpecExtend(VllmPatch):
         return reconfigure(changes).to_dict()
 
 
-def _tree_verifier(runner: Any) -> Any:
-    return getattr(getattr(runner, "drafter", None), "tree_verifier", None)
+def _tree_session(runner: Any) -> Any:
+    return getattr(getattr(runner, "drafter", None), "tree_session", None)
 
 
 class TreePositionsAndMasks(VllmPatch):
@@ -122,9 +122,9 @@ class TreePositionsAndMasks(VllmPatch):
     @staticmethod
     def replacement(self: Any, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
         prepared = TreePositionsAndMasks.original(self, scheduler_output, num_scheduled_tokens)
-        verifier = _tree_verifier(self)
-        if verifier is not None:
-            verifier.plan(prepared[1], self.positions, self.drafter.tree_parents_of_batch)
+        session = _tree_session(self)
+        if session is not None:
+            session.plan_verification(prepared[1], self.positions, self.input_batch.req_ids)
         return prepared
 
 
@@ -137,16 +137,16 @@ class TreeSampling(VllmPatch):
 
     @staticmethod
     def replacement(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
-        verifier = _tree_verifier(self)
-        if verifier is None or spec_decode_metadata is None or verifier.step is None:
+        session = _tree_session(self)
+        if session is None or spec_decode_metadata is None or not session.verifies_this_step():
             return TreeSampling.original(self, logits, spec_decode_metadata)
         self.input_batch.update_async_output_token_ids()
-        sampler_output, paths = verifier.sample(
+        return session.verify(
             logits,
             spec_decode_metadata.cu_num_sampled_tokens,
             self.input_batch.sampling_metadata,
             self.sampler,
             self.input_ids.gpu,
+            self.positions,
+            step_slot_mapping(self),
         )
-        verifier.leave_chain(paths, self.input_ids.gpu, self.positions, step_slot_mapping(self))
-        return sampler_output

@@ -66,3 +66,85 @@ def test_auto_drafting_steps_back_from_a_draft_that_is_never_accepted(
     request_steps = len(prompts) * LONG_OUTPUT_TOKENS
     assert 0 < counts["num_draft_tokens"] < request_steps * NUM_SPECULATIVE_TOKENS / 4
     assert counts["num_accepted_tokens"] < counts["num_draft_tokens"] / 10
+
+
+def test_steps_without_drafts_skip_the_draft_which_catches_up_when_drafting_resumes(
+    tiny_models: dict[str, Path], prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    """Two requests: while both run, the schedule drafts nothing and the draft does not
+    run; once the second ends, the first drafts alone, after one catch-up pass that writes
+    the draft's KV of the ~23 tokens it missed (a third of its context). The draft is the
+    target itself, on the full cache: with its KV complete it proposes what the target
+    decodes, and every draft is accepted; with the pass run but its KV not written (the
+    bug this test catches), 2 of 111 were."""
+    from vllm import SamplingParams
+
+    from specextend_vllm import retrieval_stats
+
+    config = specextend_config(
+        tiny_models["target"], num_speculative_tokens_per_batch_size=SCHEDULE, policy="full"
+    )
+    short_prompt, other_prompt = prompts[0], prompts[1]  # 40 and 100 tokens
+    plain = decode(tiny_models["target"], [short_prompt], LONG_OUTPUT_TOKENS).outputs[0]
+
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, float], dict[str, Any]]:
+        outputs = llm.generate(
+            [{"prompt_token_ids": short_prompt}, {"prompt_token_ids": other_prompt}],
+            [
+                SamplingParams(max_tokens=LONG_OUTPUT_TOKENS, temperature=0.0, ignore_eos=True),
+                SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+            ],
+            use_tqdm=False,
+        )
+        return (
+            [list(o.outputs[0].token_ids) for o in outputs],
+            spec_decode_counts(llm),
+            retrieval_stats(llm)[0],
+        )
+
+    outputs, counts, stats = on_engine(tiny_models["target"], config, run)
+    assert outputs == [plain, plain_outputs[1]]
+    assert stats["skipped_draft_steps"] >= 2 * (MAX_TOKENS - 2)
+    assert stats["catch_up_passes"] >= 1 and stats["catch_up_tokens"] >= MAX_TOKENS - 2
+    assert counts["num_draft_tokens"] >= 3 * 8
+    assert counts["num_accepted_tokens"] >= 0.9 * counts["num_draft_tokens"]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"positions": "compact"},
+        {"chunk_size": 32, "positions": "absolute"},
+    ],
+    ids=["working_copies", "whole_blocks"],
+)
+def test_catching_up_stays_lossless_over_reduced_caches(
+    keys: dict[str, Any],
+    tiny_models: dict[str, Path],
+    prompts: list[list[int]],
+    plain_outputs: list[list[int]],
+) -> None:
+    """Requests ending one after another: batches of 2 or more skip the draft, the last
+    request drafts alone after catching up, over retrieval's reduced caches (working
+    copies re-rotated, or whole blocks). (Trees take no batch-size schedule: they skip
+    the draft where `drafting: auto` chooses so, through the same code.)"""
+    from vllm import SamplingParams
+
+    from specextend_vllm import retrieval_stats
+
+    config = specextend_config(
+        tiny_models["draft_noisy"], num_speculative_tokens_per_batch_size=SCHEDULE, **keys
+    )
+    max_tokens = [MAX_TOKENS - 2 * (len(prompts) - 1 - i) for i in range(len(prompts))]
+
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, Any]]:
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens],
+            use_tqdm=False,
+        )
+        return [list(o.outputs[0].token_ids) for o in outputs], retrieval_stats(llm)[0]
+
+    outputs, stats = on_engine(tiny_models["target"], config, run)
+    assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
+    assert stats["catch_up_passes"] >= 1 and stats["reduced_draft_steps"] > 0

@@ -150,7 +150,7 @@ def test_no_request_state_outlives_a_thousand_requests(
 
 
 def _free_retrieval_slots(worker: Any) -> int:
-    return len(worker.model_runner.drafter.retrieval_state._free_slots)
+    return worker.model_runner.drafter.planner.state.num_free_slots
 
 
 EDGE_REQUESTS = {

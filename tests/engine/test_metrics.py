@@ -86,6 +86,9 @@ def test_the_front_end_counts_equal_the_workers_totals(front_end: dict[str, Any]
         "reduced_accepted_drafts",
         "full_verified_drafts",
         "full_accepted_drafts",
+        "skipped_draft_steps",
+        "catch_up_passes",
+        "catch_up_tokens",
     ):
         assert value[f"vllm:specextend_{count}"] == stats[count], count
     reduced = stats["reduced_draft_steps"]

@@ -9,11 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from benchmarks.server_health import wait_until_healthy
 
 VLLM_CLI = Path(sys.executable).with_name("vllm")
 START_TIMEOUT_S = 300
@@ -51,17 +52,7 @@ class VllmServer:
         )
 
     def wait_until_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited: {self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"vllm serve not ready after {START_TIMEOUT_S} s: {self.log_tail()}")
+        wait_until_healthy(self.process, self.url, START_TIMEOUT_S, log_tail=self.log_tail)
 
     def is_healthy(self) -> bool:
         return self.process.poll() is None and httpx.get(f"{self.url}/health", timeout=10).status_code == 200

@@ -1,6 +1,8 @@
 """The package's layering: no import circles (lazy imports included); vLLM's internals
 imported only by the access layer (with the runtime seams) and the patches; the algorithm
-imports nothing of the package above it; `patches/` holds registered patches only."""
+imports nothing of the package above it; `patches/` holds registered patches only; the
+rooms (retrieval, trees, verification) reach each other only as ROOM_DEPENDENCIES allows
+and never the proposer, which only the runner's patch builds."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import specextend_vllm
 
 PACKAGE_ROOT = Path(specextend_vllm.__file__).parent
 VLLM_LAYERS = ("specextend_vllm.vllm_access", "specextend_vllm.patches")
+ROOM_DEPENDENCIES = {"retrieval": set(), "verification": set(), "trees": {"verification"}}
 
 
 def module_name(path: Path) -> str:
@@ -108,3 +111,26 @@ def test_patches_hold_registered_patches_only() -> None:
         if name.startswith("specextend_vllm.patches") and name != "specextend_vllm.patches.base"
     }
     assert importers == {("specextend_vllm", "specextend_vllm.patches.registry")}
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOM_DEPENDENCIES else None
+
+
+def test_rooms_reach_only_the_rooms_they_build_on() -> None:
+    crossings = {
+        (module, name)
+        for module, names in MODULES.items()
+        if (room := room_of(module)) is not None
+        for name in names
+        if room_of(name) not in (None, room, *ROOM_DEPENDENCIES[room])
+    }
+    assert crossings == set()
+
+
+def test_only_the_runner_patch_builds_the_proposer() -> None:
+    importers = {
+        module for module, names in MODULES.items() if "specextend_vllm.proposer" in names
+    }
+    assert importers == {"specextend_vllm.patches.runner"}

@@ -11,8 +11,8 @@ import torch
 
 from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.algorithm.token_tree import TokenTree
-from specextend_vllm.scoring import FinalLayerQuery
-from specextend_vllm.tree_verification import TreeVerifier
+from specextend_vllm.final_layer_query import FinalLayerQuery
+from specextend_vllm.trees.verification import TreeVerifier
 
 TREE = TokenTree.from_paths([[0], [1], [0, 0]])
 BLOCK_SIZE = 4

@@ -13,9 +13,8 @@ import torch
 
 from specextend_vllm import ops
 from specextend_vllm.algorithm import kv_cache_layout
-from specextend_vllm.verification import (
-    HybridVerificationAttention,
-    TreeAttentionStep,
+from specextend_vllm.verification.hybrid import HybridVerificationAttention, TreeAttentionStep
+from specextend_vllm.verification.prefix_attention import (
     cpu_prefix_attention,
     flash_attn_prefix_attention,
 )
@@ -164,7 +163,7 @@ def test_hybrid_verification_of_trees_masks_each_tree_by_its_ancestors() -> None
     step, tree_masks = tree_step([0, 2])
     scale = HEAD_DIM**-0.5
     path = HybridVerificationAttention(
-        scale, max(QUERY_LENS), cpu_prefix_attention, tree_step=lambda: step
+        scale, max(QUERY_LENS), cpu_prefix_attention, tree_masks=SimpleNamespace(attention_step=lambda: step)
     )
     output = torch.zeros_like(data["query"])
     assert path.handles(SimpleNamespace(max_query_len=1))
@@ -181,7 +180,7 @@ def test_a_batch_with_prompt_chunks_recomputes_only_the_tree_requests() -> None:
     step, tree_masks = tree_step([0, 3])
     scale = HEAD_DIM**-0.5
     path = HybridVerificationAttention(
-        scale, max(QUERY_LENS) - 1, cpu_prefix_attention, tree_step=lambda: step
+        scale, max(QUERY_LENS) - 1, cpu_prefix_attention, tree_masks=SimpleNamespace(attention_step=lambda: step)
     )
     output = torch.zeros_like(data["query"])
     num_tokens = data["batch"].num_actual_tokens

@@ -27,8 +27,8 @@ from specextend_vllm.algorithm.token_tree import (
     ancestors_from_parents,
     masks_from_ancestors,
 )
-from specextend_vllm.scoring import FinalLayerQuery
-from specextend_vllm.verification import TreeAttentionStep
+from specextend_vllm.final_layer_query import FinalLayerQuery
+from specextend_vllm.verification.hybrid import TreeAttentionStep
 from specextend_vllm.vllm_access.sampling import SamplerOutput, apply_top_k_top_p
 
 

@@ -8,29 +8,8 @@ from collections.abc import Callable
 import torch
 
 from specextend_vllm import ops
+from specextend_vllm.final_layer_query import FinalLayerQuery
 from specextend_vllm.metrics import RetrievalMetrics
-
-
-class FinalLayerQuery:
-    """Holds the post-RoPE query of the target's final attention layer from its last
-    forward pass: one row per token of the target batch, [num_tokens, Hq, D].
-
-    `observe` watches that layer's attention (see `vllm_access.attention_seam`); it keeps a
-    reference, not a copy, which stays valid until the next target forward.
-    """
-
-    def __init__(self, num_heads: int, head_size: int):
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.query: torch.Tensor | None = None
-
-    def observe(self, query: torch.Tensor) -> None:
-        self.query = query.view(-1, self.num_heads, self.head_size)
-
-    def rows(self, token_rows: torch.Tensor) -> torch.Tensor:
-        if self.query is None:
-            raise RuntimeError("the target's final attention layer has not run yet")
-        return self.query[token_rows]
 
 
 class ChunkScorer:

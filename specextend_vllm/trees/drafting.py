@@ -16,7 +16,7 @@ import torch
 
 from specextend_vllm.algorithm.token_tree import DynamicTreeGrowth, TokenTree
 from specextend_vllm.ops.tree_attention import attention_to_nodes
-from specextend_vllm.verification import PrefixAttention
+from specextend_vllm.verification.prefix_attention import PrefixAttention
 from specextend_vllm.vllm_access.attention import merge_attn_states
 
 

@@ -1,0 +1,46 @@
+"""Fixed rows of per-request state, created and freed with the requests."""
+
+from __future__ import annotations
+
+
+class RequestSlots:
+    """Gives each request a slot in [0, max_requests) for as long as it lives.
+
+    >>> slots = RequestSlots(4)
+    >>> slots.assign(["a", "b"]), slots.assign(["b", "c"])
+    (([0, 1], [0, 1]), ([1, 2], [2]))
+    >>> slots.free(["a"]); slots.assign(["d"])
+    ([0], [0])
+    """
+
+    def __init__(self, max_requests: int):
+        self._slot_by_request: dict[str, int] = {}
+        self._free_slots = list(range(max_requests - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self._slot_by_request)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_slots)
+
+    def assign(self, request_ids: list[str]) -> tuple[list[int], list[int]]:
+        """(the slot of each request, the slots new to this call)."""
+        slot_by_request = self._slot_by_request
+        new_slots = []
+        for request_id in request_ids:
+            if request_id not in slot_by_request:
+                slot = self._free_slots.pop()
+                slot_by_request[request_id] = slot
+                new_slots.append(slot)
+        return [slot_by_request[r] for r in request_ids], new_slots
+
+    def existing(self, request_ids: list[str]) -> list[int]:
+        """The slots of those requests that hold one."""
+        return [self._slot_by_request[r] for r in request_ids if r in self._slot_by_request]
+
+    def free(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            slot = self._slot_by_request.pop(request_id, None)
+            if slot is not None:
+                self._free_slots.append(slot)
