@@ -17,12 +17,14 @@ DraftPositions = Literal["auto", "absolute", "compact"]
 RetrievalTrigger = Literal["interval", "adaptive"]
 VerificationAttention = Literal["auto", "hybrid", "native"]
 Drafting = Literal["auto", "always"]
+DraftPrefill = Literal["eager", "deferred"]
 CHOICE_KEYS: Mapping[str, Any] = {
     "policy": RetrievalPolicy,
     "positions": DraftPositions,
     "retrieval_trigger": RetrievalTrigger,
     "verification_attention": VerificationAttention,
     "drafting": Drafting,
+    "draft_prefill": DraftPrefill,
 }
 
 # What `verification_attention: auto` means per device type; see `SpecExtendConfig`.
@@ -73,7 +75,13 @@ class SpecExtendConfig:
     drafting: `auto` drafts `num_speculative_tokens` tokens per step where drafting pays
         and none where it does not, per batch size, from the measured step times and
         acceptance (vLLM's `num_speculative_tokens_per_batch_size` schedule instead, where
-        one is given); `always` drafts every step.
+        one is given); `always` drafts every step. Either way a step that drafts nothing
+        does not run the draft; the next step that drafts first writes the draft's KV of
+        the tokens it missed, in one pass.
+    draft_prefill: when the draft writes its KV of a prompt. `eager`: with the target's
+        prefill, before the first token. `deferred`: not in steps that only prefill; the
+        request's first drafting step writes it, after the first token (the first token
+        comes as soon as without speculation; the second one later by the draft's prefill).
     tree: the shape of each step's drafts. `chain`: `num_speculative_tokens` tokens one
         after the other. A list of paths of child ranks, such as `[[0], [1], [0, 0]]`:
         a static token tree of `num_speculative_tokens` nodes (`[1]` is the root's second
@@ -97,6 +105,7 @@ class SpecExtendConfig:
     retrieval_trigger: RetrievalTrigger = "interval"
     verification_attention: VerificationAttention = "auto"
     drafting: Drafting = "auto"
+    draft_prefill: DraftPrefill = "eager"
     tree: str | tuple[tuple[int, ...], ...] = "chain"
     tree_max_depth: int = 5
     draft_vocab: str | None = None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specextend_vllm.algorithm.draft_lag import CatchUp, DraftLag
+from specextend_vllm.algorithm.draft_lag import CatchUp, DraftLag, StepTokens
 from specextend_vllm.algorithm.draft_vocab import scatter_kept_logits
 from specextend_vllm.algorithm.positions import DraftRotation, WorkingCopies
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
@@ -65,7 +65,7 @@ class SpecExtendProposer(DraftModelProposer):
         self.metrics = RetrievalMetrics()
         self.trained_length = draft_trained_length(vllm_config.speculative_config)
         self.max_drafts = vllm_config.speculative_config.num_speculative_tokens
-        self.draft_lag = DraftLag(self.max_batch_size)
+        self.draft_lag = DraftLag(self.max_batch_size, num_blocks=0, block_size=1)
         self.planner: RetrievalPlanner | None = None
         self.tree_session: TreeSession | None = None
         self.verification: VerificationRouting | None = None
@@ -154,6 +154,11 @@ class SpecExtendProposer(DraftModelProposer):
             (kv_cache_config.num_blocks - reserved) * kernel_blocks_per_manager_block,
             reserved * kernel_blocks_per_manager_block,
         )
+        self.draft_lag = DraftLag(
+            self.max_batch_size,
+            kv_cache_config.num_blocks * kernel_blocks_per_manager_block,
+            self.block_size,
+        )
         self.planner = RetrievalPlanner(
             config,
             DraftGeometry(self.block_size, self.trained_length, rotates=self._rotation is not None),
@@ -235,23 +240,11 @@ class SpecExtendProposer(DraftModelProposer):
         planner = self.planner
         num_reqs = common_attn_metadata.num_reqs
         batch_request_ids = request_ids(self.runner, num_reqs)
-        skips_draft = (
-            num_speculative_tokens == 0
-            and common_attn_metadata.max_query_len <= self.max_drafts + 1
-        )
-        if skips_draft or self.draft_lag.any_lagging:
-            first_positions = target_positions[
-                common_attn_metadata.query_start_loc[:num_reqs].long()
-            ].cpu().numpy()
-            if skips_draft:
-                self.draft_lag.skipped(batch_request_ids, first_positions)
-                self.metrics.record_skipped_draft_step(num_reqs)
-                return torch.empty(
-                    common_attn_metadata.batch_size(), 0, dtype=torch.int64, device=self.device
-                )
-            catch_up = self.draft_lag.catch_up(batch_request_ids, first_positions)
-            if catch_up is not None:
-                self._catch_up(catch_up, common_attn_metadata.block_table_tensor)
+        if self._skips_draft_or_catches_up(num_speculative_tokens, target_positions, common_attn_metadata):
+            self.metrics.record_skipped_draft_step(num_reqs)
+            return torch.empty(
+                common_attn_metadata.batch_size(), 0, dtype=torch.int64, device=self.device
+            )
         view = None
         if self.method_config.policy != "full" and planner is not None:
             view = planner.plan(
@@ -288,6 +281,37 @@ class SpecExtendProposer(DraftModelProposer):
         if drafts_tree:
             drafts = self._draft_tree(batch_request_ids, view, common_attn_metadata)
         return drafts
+
+    def _skips_draft_or_catches_up(
+        self, num_speculative_tokens: int, target_positions: torch.Tensor, metadata: Any
+    ) -> bool:
+        """Whether the step skips the draft: where it drafts nothing and no request
+        prefills, or, with `draft_prefill: deferred`, where every request prefills. A step
+        that runs it first writes the draft's KV of the tokens its requests missed."""
+        num_reqs = metadata.num_reqs
+        query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
+        prefilling = query_lens > self.max_drafts + 1
+        skips = (num_speculative_tokens == 0 and not bool(prefilling.any())) or (
+            self.method_config.draft_prefill == "deferred" and bool(prefilling.all())
+        )
+        if not skips and not self.draft_lag.may_lag:
+            return False
+        step = StepTokens(
+            first_positions=target_positions[metadata.query_start_loc[:num_reqs].long()]
+            .cpu()
+            .numpy(),
+            query_lens=query_lens,
+            block_table=metadata.block_table_tensor[:num_reqs].cpu().numpy(),
+        )
+        batch_request_ids = request_ids(self.runner, num_reqs)
+        if skips:
+            self.draft_lag.skipped(batch_request_ids, step)
+            return True
+        catch_up = self.draft_lag.catch_up(batch_request_ids, step)
+        if catch_up is not None:
+            for piece in catch_up.pieces(self.max_num_tokens):
+                self._catch_up(piece, metadata.block_table_tensor)
+        return False
 
     def _catch_up(self, catch_up: CatchUp, block_table: torch.Tensor) -> None:
         """Writes the draft's KV of the tokens the lagging requests missed, attending to

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.harness import (
+    BLOCK_SIZE,
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
     decode,
@@ -148,3 +149,49 @@ def test_catching_up_stays_lossless_over_reduced_caches(
     outputs, stats = on_engine(tiny_models["target"], config, run)
     assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
     assert stats["catch_up_passes"] >= 1 and stats["reduced_draft_steps"] > 0
+
+
+@pytest.mark.parametrize("max_num_batched_tokens", [None, 64], ids=["one_pass", "two_pieces"])
+def test_a_deferred_draft_prefill_is_written_at_the_first_drafting_step(
+    max_num_batched_tokens: int | None, tiny_models: dict[str, Path], prompts: list[list[int]]
+) -> None:
+    """`draft_prefill: deferred`: the steps that prefill a 100-token prompt do not run the
+    draft; the first drafting step writes the prompt's draft KV in catch-up passes of at
+    most `max_num_batched_tokens` tokens. The target is its own draft, on the full cache:
+    every draft is accepted once the prompt's KV is written; with the passes run but
+    nothing written (the bug this test catches), 14 of 144 were."""
+    config = specextend_config(tiny_models["target"], policy="full", draft_prefill="deferred")
+    overrides = {}
+    if max_num_batched_tokens is not None:
+        overrides["max_num_batched_tokens"] = max_num_batched_tokens
+    prompt = prompts[1:2]
+    run = decode(tiny_models["target"], prompt, LONG_OUTPUT_TOKENS, config, **overrides)
+    plain = decode(tiny_models["target"], prompt, LONG_OUTPUT_TOKENS).outputs
+    assert run.outputs == plain
+    assert run.stats["catch_up_tokens"] == len(prompt[0])
+    assert run.stats["catch_up_passes"] == (1 if max_num_batched_tokens is None else 2)
+    assert run.counts["num_accepted_tokens"] >= 0.9 * run.counts["num_draft_tokens"]
+
+
+def test_a_prefix_cached_prompt_whose_draft_kv_was_never_written_is_caught_up(
+    tiny_models: dict[str, Path], prompts: list[list[int]]
+) -> None:
+    """A first request ends at its first token under `draft_prefill: deferred`: its
+    prompt's blocks enter vLLM's prefix cache without the draft's KV. The same prompt
+    again hits them: the draft catches up from the first block it missed, and (the target
+    being its own draft) every draft is accepted; without the blocks' flags (the bug this
+    test catches) it drafts over a cache that holds nothing there."""
+    from specextend_vllm import retrieval_stats
+
+    config = specextend_config(tiny_models["target"], policy="full", draft_prefill="deferred")
+    prompt = prompts[2:3]
+
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, float], dict[str, Any]]:
+        generate_ids(llm, prompt, 1)
+        outputs = generate_ids(llm, prompt, LONG_OUTPUT_TOKENS)
+        return outputs, spec_decode_counts(llm), retrieval_stats(llm)[0]
+
+    outputs, counts, stats = on_engine(tiny_models["target"], config, run)
+    assert outputs == decode(tiny_models["target"], prompt, LONG_OUTPUT_TOKENS).outputs
+    assert stats["catch_up_tokens"] >= len(prompt[0]) - BLOCK_SIZE
+    assert counts["num_accepted_tokens"] >= 0.9 * counts["num_draft_tokens"]

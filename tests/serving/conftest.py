@@ -1,6 +1,8 @@
 """Two `vllm serve` processes shared by the serving tests, started together: the tiny target
 without speculation, and with `specextend` (a noisy draft trained on 256 positions) on a KV
-cache small enough to preempt."""
+cache small enough to preempt, drafting for batches of up to 4 requests only (larger ones
+skip the draft, which catches up when the batch shrinks) and deferring the draft's prefill
+in steps that only prefill."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tests.tiny_models import VOCAB_SIZE, save_word_tokenizer, set_trained_lengt
 DRAFT_TRAINED_LENGTH = 256
 # 120 blocks of 32 tokens: 16 requests of up to 900 tokens do not fit at once.
 SPECEXTEND_KV_BLOCKS = 120
+DRAFTING_BATCH_SIZES = [[1, 4, NUM_SPECULATIVE_TOKENS], [5, 256, 0]]
 WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(2, VOCAB_SIZE)]
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
 
@@ -66,7 +69,11 @@ def servers(serving_models: dict[str, Path], tmp_path_factory: pytest.TempPathFa
         "specextend": VllmServer(
             serving_models["target"],
             server_args(
-                specextend_serving_config(serving_models["draft"]),
+                specextend_serving_config(
+                    serving_models["draft"],
+                    num_speculative_tokens_per_batch_size=DRAFTING_BATCH_SIZES,
+                    draft_prefill="deferred",
+                ),
                 "--tokenizer",
                 str(serving_models["tokenizer"]),
                 "--num-gpu-blocks-override",
