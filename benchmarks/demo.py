@@ -11,6 +11,7 @@ whole proposal (the draft's passes, its LM head, retrieval) over `num_speculativ
 over the target's forward in a step without speculation.
 
     python -m benchmarks.demo [--prompt-tokens 3000] [--max-tokens 64] [--repeats 3]
+        [--methods specextend,specextend_deferred_prefill] [--output FILE]
 """
 
 from __future__ import annotations
@@ -121,6 +122,10 @@ def main() -> None:
     parser.add_argument("--draft", type=Path, help="model folder (default: the Qwen2.5-Coder 0.5B)")
     parser.add_argument("--draft-precision", choices=("int8", "fp32"), default="int8")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--methods", help="comma-separated rows to run (default: all); no_speculation always runs"
+    )
+    parser.add_argument("--output", type=Path, help="JSON path (default: results/demo.json)")
     args = parser.parse_args()
     fp32_draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
     draft = int8_draft() if not args.draft and args.draft_precision == "int8" else fp32_draft
@@ -146,6 +151,12 @@ def main() -> None:
         }
         if draft != fp32_draft:
             methods["specextend_always_fp32"] = {**methods["specextend_always"], "model": str(fp32_draft)}
+    if args.methods:
+        wanted = {"no_speculation", *args.methods.split(",")}
+        unknown = sorted(wanted - set(methods))
+        if unknown:
+            parser.error(f"--methods: unknown {unknown}; choose from {sorted(methods)}")
+        methods = {name: config for name, config in methods.items() if name in wanted}
     results = {
         name: run_method(name, target, config, prompt, args.max_tokens, args.repeats)
         for name, config in methods.items()
@@ -168,10 +179,12 @@ def main() -> None:
             f"{acceptance if acceptance is None else round(acceptance, 2)!s:>12}"
             f"{proposal_s * 1000 if proposal_s else 0:>13.1f}{cost:>7}{result['prefill_s']:>11.1f}"
         )
-    print("specextend retrieval:", results["specextend"]["retrieval"])
+    for name, result in results.items():
+        if "retrieval" in result:
+            print(f"{name} retrieval:", result["retrieval"])
     print("output:", baseline["text"][:300].replace("\n", " "))
     engine.RESULTS.mkdir(exist_ok=True)
-    path = engine.RESULTS / "demo.json"
+    path = args.output or engine.RESULTS / "demo.json"
     record = {"args": vars(args) | {"target": str(target), "draft": str(draft)}, "machine": engine.machine(), "results": results}
     path.write_text(json.dumps(record, indent=1, default=str))
     print(f"saved {path}")

@@ -4,7 +4,7 @@
     python -m benchmarks.serving --length 4096 --concurrency 1 4 16 --num-prompts 16
 
 For each method (no speculation, `draft_model`, `specextend` with its default keys, so
-`drafting: auto`) one server starts on 127.0.0.1 and vLLM's own client runs the same
+`drafting: auto`, and with `draft_prefill: deferred`) one server starts on 127.0.0.1 and vLLM's own client runs the same
 prompts at each concurrency, in the order given: long prompts cut from texts of five
 genres, greedy, a fixed number of new tokens. The prefix cache stays on, as in serving, so
 the first concurrency pays the prefills and the later ones find the prompts cached and
@@ -58,6 +58,9 @@ def speculative_configs(draft: Path, k: int) -> dict[str, dict[str, Any] | None]
         "no_speculation": None,
         "draft_model": {"method": "draft_model", **common},
         "specextend": {"method": "specextend", **common},
+        "specextend_deferred_prefill": {
+            "method": "specextend", **common, "draft_prefill": "deferred"
+        },
     }
 
 

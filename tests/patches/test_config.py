@@ -66,6 +66,7 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
             r"\['token_budget'\] must be >= 128 \(the larger of the chunk size",
         ),
         ({"drafting": "sometimes"}, r"\['drafting'\] must be one of \['auto', 'always'\]"),
+        ({"draft_prefill": "later"}, r"\['draft_prefill'\] must be one of \['eager', 'deferred'\]"),
         (
             {"drafting": "auto", "num_speculative_tokens_per_batch_size": [[1, 4, 3]]},
             r"\['drafting'\] 'auto' chooses the number of draft tokens itself",
