@@ -33,6 +33,11 @@ AUTO_VERIFICATION_ATTENTION: Mapping[str, Literal["hybrid", "native"]] = {
     "cuda": "native",
 }
 
+# RoPE variants whose angles are the position times fixed frequencies: a key moved to
+# another position is re-rotated by the difference (compact positions). vLLM's plain,
+# linear-scaling and Llama 3 RoPE (vllm_access/rotary.py checks the loaded layers too).
+COMPOSABLE_ROPE_TYPES = ("default", "linear", "llama3")
+
 # Keys of vLLM's SpeculativeConfig that the plugin cannot honour with `specextend`.
 INCOMPATIBLE_SPECULATIVE_KEYS: Mapping[str, Any] = {
     "parallel_drafting": False,
@@ -344,6 +349,24 @@ class SpecExtendConfig:
                 f"speculative_config['token_budget'] ({self.token_budget}) must be below the "
                 f"draft's trained length ({trained_length} positions) with positions "
                 f"{self.positions!r}."
+            )
+
+    def check_draft_rope(self, rope_type: str) -> None:
+        """Compact positions re-rotate kept keys, which needs a RoPE whose angles add up;
+        `auto` drafts on absolute positions where the draft's RoPE does not allow it.
+
+        >>> SpecExtendConfig(positions="compact").check_draft_rope("yarn")
+        Traceback (most recent call last):
+        ...
+        specextend_vllm.config.SpecExtendConfigError: speculative_config['positions'] 'compact' needs a draft whose RoPE composes by adding positions (one of ['default', 'linear', 'llama3']); this draft's is 'yarn'. Use positions 'auto' or 'absolute'.
+        """
+        if self.positions == "compact" and self.policy != "full" and (
+            rope_type not in COMPOSABLE_ROPE_TYPES
+        ):
+            raise SpecExtendConfigError(
+                "speculative_config['positions'] 'compact' needs a draft whose RoPE composes "
+                f"by adding positions (one of {list(COMPOSABLE_ROPE_TYPES)}); this draft's is "
+                f"{rope_type!r}. Use positions 'auto' or 'absolute'."
             )
 
     def verification_attention_on(self, device_type: str) -> Literal["hybrid", "native"]:

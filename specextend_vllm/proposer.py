@@ -197,6 +197,8 @@ class SpecExtendProposer(DraftModelProposer):
             self.block_size
         )
         config.check_draft_trained_length(self.trained_length)
+        if self._rotation is None:
+            config.check_draft_rope("not one plain RoPE")
         config.check_tree_combination({"num_speculative_tokens": self.max_drafts})
         if config.uses_working_copies(self.block_size) and not self._working_copy_region[1]:
             raise ValueError(

@@ -15,6 +15,7 @@ from specextend_vllm.patches.base import VllmPatch
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import (
     VLLM_SPECULATIVE_KEYS,
+    draft_rope_type,
     draft_trained_length,
     draft_vocab_size,
     specextend_config,
@@ -60,6 +61,7 @@ class SpeculativeConfigFromDict(VllmPatch):
         if not speculative_config.use_heterogeneous_vocab:
             speculative_config.verify_equal_vocab_size_if_draft_model()
         method_config.check_draft_trained_length(draft_trained_length(speculative_config))
+        method_config.check_draft_rope(draft_rope_type(speculative_config))
         method_config.check_draft_vocab(draft_vocab_size(speculative_config))
         self._specextend_config = method_config
         return speculative_config

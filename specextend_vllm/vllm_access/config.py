@@ -68,6 +68,18 @@ def draft_trained_length(speculative_config: SpeculativeConfig) -> int:
     )
 
 
+def draft_rope_type(speculative_config: SpeculativeConfig) -> str:
+    """The draft's RoPE variant as its config names it ("default" for plain RoPE)."""
+    draft_config = speculative_config.draft_model_config
+    assert draft_config is not None
+    text_config = draft_config.hf_text_config
+    for name in ("rope_parameters", "rope_scaling"):
+        parameters = getattr(text_config, name, None)
+        if isinstance(parameters, dict):
+            return str(parameters.get("rope_type", parameters.get("type", "default")))
+    return "default"
+
+
 def draft_vocab_size(speculative_config: SpeculativeConfig) -> int:
     draft_config = speculative_config.draft_model_config
     assert draft_config is not None

@@ -195,3 +195,28 @@ def test_a_prefix_cached_prompt_whose_draft_kv_was_never_written_is_caught_up(
     assert outputs == decode(tiny_models["target"], prompt, LONG_OUTPUT_TOKENS).outputs
     assert stats["catch_up_tokens"] >= len(prompt[0]) - BLOCK_SIZE
     assert counts["num_accepted_tokens"] >= 0.9 * counts["num_draft_tokens"]
+
+
+def test_trees_skip_the_draft_where_auto_stops_drafting_and_catch_up_losslessly(
+    tiny_models: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    prompts: list[list[int]],
+) -> None:
+    """A dynamic tree with a draft never accepted: `drafting: auto` stops drafting after its
+    first measurements, so the draft skips those steps, and drafts again when it explores,
+    after catching up (trees take no batch-size schedule, so this is how they skip)."""
+    from specextend_vllm import retrieval_stats
+
+    unrelated = save_tiny_model(tmp_path_factory.mktemp("unrelated_tree") / "draft", seed=11)
+    config = specextend_config(
+        unrelated, drafting="auto", tree="dynamic", num_speculative_tokens=6, policy="full"
+    )
+    prompt, num_tokens = prompts[1:2], 96
+    plain = decode(tiny_models["target"], prompt, num_tokens).outputs
+
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, Any]]:
+        return generate_ids(llm, prompt, num_tokens), retrieval_stats(llm)[0]
+
+    outputs, stats = on_engine(tiny_models["target"], config, run)
+    assert outputs == plain
+    assert stats["skipped_draft_steps"] > 0 and stats["catch_up_passes"] > 0

@@ -180,6 +180,28 @@ def test_compact_positions_must_fit_the_draft_trained_length(
     )
 
 
+
+def test_compact_positions_are_refused_on_a_draft_rope_that_cannot_be_re_rotated(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    """YaRN scales angles by position: a kept key moved to another position cannot be
+    re-rotated by the difference. `compact` is refused naming the RoPE; `auto` and
+    `absolute` stay allowed (auto then drafts on absolute positions)."""
+    import json
+    import shutil
+
+    draft = Path(shutil.copytree(tiny_models["draft_noisy"], tmp_path / "yarn"))
+    config = json.loads((draft / "config.json").read_text())
+    config["rope_scaling"] = {
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 512
+    }
+    (draft / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"\['positions'\] 'compact' needs a draft whose RoPE.*'yarn'"):
+        build_engine_config(tiny_models["target"], specextend_config(draft, positions="compact"))
+    for positions in ("auto", "absolute"):
+        build_engine_config(tiny_models["target"], specextend_config(draft, positions=positions))
+
+
 def test_auto_drafting_turns_on_vllms_dynamic_speculation_unless_a_schedule_is_given() -> None:
     from specextend_vllm.vllm_access.config import VLLM_SPECULATIVE_KEYS
 
