@@ -47,7 +47,7 @@ from specextend_vllm.vllm_access.quantization import (
     DRAFT_MODEL_PREFIX,
     match_ignored_layers_under_prefix,
 )
-from specextend_vllm.vllm_access.rotary import extend_draft_rotary_table
+from specextend_vllm.vllm_access.rotary import extend_draft_rotary_table, rotary_embedding_types
 from specextend_vllm.vllm_access.runner import (
     DraftModelProposer,
     extension_attention_metadata,
@@ -65,7 +65,7 @@ class SpecExtendProposer(DraftModelProposer):
         self.metrics = RetrievalMetrics()
         self.trained_length = draft_trained_length(vllm_config.speculative_config)
         self.max_drafts = vllm_config.speculative_config.num_speculative_tokens
-        self.draft_lag = DraftLag(self.max_batch_size, num_blocks=0, block_size=1)
+        self.draft_lag: DraftLag | None = None
         self.planner: RetrievalPlanner | None = None
         self.tree_session: TreeSession | None = None
         self.verification: VerificationRouting | None = None
@@ -105,6 +105,13 @@ class SpecExtendProposer(DraftModelProposer):
             mean_over_ranks=mean_over_tensor_parallel_ranks(),
         )
         self._rotation = extend_draft_rotary_table(self.model, self.max_model_len)
+        self._check_draft_rope(self.method_config)
+
+    def _check_draft_rope(self, config: SpecExtendConfig) -> None:
+        """What the configs showed was checked before loading; the loaded layers decide."""
+        if self._rotation is None:
+            types = ", ".join(rotary_embedding_types(self.model))
+            config.check_draft_rope(f"not one plain RoPE ({types})")
 
     def _restrict_draft_vocab(self) -> None:
         """With `draft_vocab`, the draft's logits come from the kept rows of its LM head."""
@@ -197,8 +204,7 @@ class SpecExtendProposer(DraftModelProposer):
             self.block_size
         )
         config.check_draft_trained_length(self.trained_length)
-        if self._rotation is None:
-            config.check_draft_rope("not one plain RoPE")
+        self._check_draft_rope(config)
         config.check_tree_combination({"num_speculative_tokens": self.max_drafts})
         if config.uses_working_copies(self.block_size) and not self._working_copy_region[1]:
             raise ValueError(
@@ -223,7 +229,8 @@ class SpecExtendProposer(DraftModelProposer):
             self.planner.state.reset(list(restarted))
         if self.tree_session is not None:
             self.tree_session.forget(list(finished))
-        self.draft_lag.on_requests_changed(list(finished), list(restarted))
+        if self.draft_lag is not None:
+            self.draft_lag.on_requests_changed(list(finished), list(restarted))
 
     # A draft step.
 
@@ -242,7 +249,9 @@ class SpecExtendProposer(DraftModelProposer):
         planner = self.planner
         num_reqs = common_attn_metadata.num_reqs
         batch_request_ids = request_ids(self.runner, num_reqs)
-        if self._skips_draft_or_catches_up(num_speculative_tokens, target_positions, common_attn_metadata):
+        if self._skips_draft_or_catches_up(
+            batch_request_ids, num_speculative_tokens, target_positions, common_attn_metadata
+        ):
             self.metrics.record_skipped_draft_step(num_reqs)
             return torch.empty(
                 common_attn_metadata.batch_size(), 0, dtype=torch.int64, device=self.device
@@ -285,7 +294,11 @@ class SpecExtendProposer(DraftModelProposer):
         return drafts
 
     def _skips_draft_or_catches_up(
-        self, num_speculative_tokens: int, target_positions: torch.Tensor, metadata: Any
+        self,
+        batch_request_ids: list[str],
+        num_speculative_tokens: int,
+        target_positions: torch.Tensor,
+        metadata: Any,
     ) -> bool:
         """Whether the step skips the draft: where it drafts nothing and no request
         prefills, or, with `draft_prefill: deferred`, where every request prefills. A step
@@ -296,7 +309,9 @@ class SpecExtendProposer(DraftModelProposer):
         skips = (num_speculative_tokens == 0 and not bool(prefilling.any())) or (
             self.method_config.draft_prefill == "deferred" and bool(prefilling.all())
         )
-        if not skips and not self.draft_lag.may_lag:
+        draft_lag = self.draft_lag
+        assert draft_lag is not None
+        if not skips and not draft_lag.may_lag:
             return False
         step = StepTokens(
             first_positions=target_positions[metadata.query_start_loc[:num_reqs].long()]
@@ -305,11 +320,10 @@ class SpecExtendProposer(DraftModelProposer):
             query_lens=query_lens,
             block_table=metadata.block_table_tensor[:num_reqs].cpu().numpy(),
         )
-        batch_request_ids = request_ids(self.runner, num_reqs)
         if skips:
-            self.draft_lag.skipped(batch_request_ids, step)
+            draft_lag.skipped(batch_request_ids, step)
             return True
-        catch_up = self.draft_lag.catch_up(batch_request_ids, step)
+        catch_up = draft_lag.catch_up(batch_request_ids, step)
         if catch_up is not None:
             for piece in catch_up.pieces(self.max_num_tokens):
                 self._catch_up(piece, metadata.block_table_tensor)

@@ -50,8 +50,9 @@ def extend_draft_rotary_table(
     rotary = linear_rotary_embedding(draft_model)
     if rotary is None:
         logger.warning(
-            "SpecExtend: the draft's rotary embeddings %s are not one plain RoPE; compact "
-            "positions are off and its table is left as it is",
+            "SpecExtend: the draft's rotary embeddings %s are not one plain RoPE: it drafts "
+            "on absolute positions (positions 'compact' is refused) and its table is left "
+            "as it is",
             rotary_embedding_types(draft_model),
         )
         return None
