@@ -9,7 +9,8 @@ a time, the 16 shortest together. Prompts of one text share their beginning, so 
 longest prompt the prefix cache serves the others' prefill (the draft's KV included): each
 engine prefills about 8K tokens per text, and the method is exercised on cached prefixes. Settings, each on its own engine: the Qwen 0.5B draft as a
 chain, a static tree and a dynamic tree; the tiny SmolLM2 draft (its own tokenizer) on
-compact positions. All draft at every step (`drafting: always`), so no output is decided
+compact positions. All draft at every step (`drafting: always`), on the reduced cache from
+the activation length on (`retrieval: always`), so no output is decided
 without drafts. The result is, per setting and batch size, the number of output tokens that
 differ from plain decoding's: it must be 0. Saved to benchmarks/results/lossless.json.
 """
@@ -37,6 +38,7 @@ def setting_configs(draft: Path, tiny_draft: Path, k: int) -> dict[str, dict[str
         "model": str(draft),
         "num_speculative_tokens": k,
         "drafting": "always",
+        "retrieval": "always",
     }
     return {
         "chain": chain,

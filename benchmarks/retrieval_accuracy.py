@@ -54,7 +54,11 @@ def run(
     from specextend_vllm import reconfigure
     from specextend_vllm.config import SpecExtendConfig
 
-    defaults = {key: value for key, value in SpecExtendConfig().to_dict().items() if key != "drafting"}
+    # Every setting drafts on its reduced cache at every step: this measures the policies.
+    defaults = {
+        **{key: value for key, value in SpecExtendConfig().to_dict().items() if key != "drafting"},
+        "retrieval": "always",
+    }
 
     texts = {
         genre: {
@@ -70,6 +74,7 @@ def run(
         "model": str(draft),
         "num_speculative_tokens": args.k,
         "drafting": "always",
+        "retrieval": "always",
     }
     llm = engine.make_llm(target, config, max(args.lengths) + args.max_tokens + 64)
     runs = []

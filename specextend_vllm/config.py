@@ -17,6 +17,7 @@ DraftPositions = Literal["auto", "absolute", "compact"]
 RetrievalTrigger = Literal["interval", "adaptive"]
 VerificationAttention = Literal["auto", "hybrid", "native"]
 Drafting = Literal["auto", "always"]
+Retrieval = Literal["auto", "always"]
 DraftPrefill = Literal["eager", "deferred"]
 CHOICE_KEYS: Mapping[str, Any] = {
     "policy": RetrievalPolicy,
@@ -24,6 +25,7 @@ CHOICE_KEYS: Mapping[str, Any] = {
     "retrieval_trigger": RetrievalTrigger,
     "verification_attention": VerificationAttention,
     "drafting": Drafting,
+    "retrieval": Retrieval,
     "draft_prefill": DraftPrefill,
 }
 
@@ -58,8 +60,13 @@ class SpecExtendConfig:
     token_budget: tokens of selected chunks the draft attends to, besides the newest
         tokens; rounded down to whole KV blocks (and whole chunks).
     retrieval_interval: draft steps between two selections of chunks for a request.
-    activation_length: context length from which a request drafts on a reduced cache;
+    activation_length: context length from which a request may draft on a reduced cache;
         shorter requests draft on the full cache.
+    retrieval: `auto` drafts on the reduced cache where that gives more tokens per second
+        than the full cache, per bucket of context lengths (from `activation_length` to
+        twice it, to four times it, ...), from the measured step times and acceptance of
+        each, explored in turn and re-explored; `always` drafts on the reduced cache from
+        `activation_length` on.
     policy: `cmr` (chunks ranked by the target's final-layer attention), `streaming`
         (the first chunk and the most recent ones) or `full` (no reduction).
     positions: where the draft sees its kept chunks. `absolute`: at their places in the
@@ -110,6 +117,7 @@ class SpecExtendConfig:
     retrieval_trigger: RetrievalTrigger = "interval"
     verification_attention: VerificationAttention = "auto"
     drafting: Drafting = "auto"
+    retrieval: Retrieval = "auto"
     draft_prefill: DraftPrefill = "eager"
     tree: str | tuple[tuple[int, ...], ...] = "chain"
     tree_max_depth: int = 5

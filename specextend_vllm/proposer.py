@@ -180,6 +180,7 @@ class SpecExtendProposer(DraftModelProposer):
             self._chunk_scorer,
             self.metrics,
             self.device,
+            mean_over_tensor_parallel_ranks(),
         )
 
     def _working_copies(self, config: SpecExtendConfig) -> WorkingCopies:

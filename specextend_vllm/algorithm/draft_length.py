@@ -12,13 +12,15 @@ batch grows, and verifying k + 1 tokens per request costs up to k + 1 times a pl
 so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...). Acceptance depends on
 the requests, not the batch size: one moving average for all. Each bucket measures drafting
 first, then not drafting, then keeps the better one, trying the other again for a few steps
-after a number of steps that starts at `FIRST_EXPLORATION_PERIOD` and doubles while the
-choice holds, so a wrong first choice is left quickly and a changed workload changes it.
+after a number of steps that starts small and doubles while the choice holds
+(`algorithm.exploration`), so a wrong first choice is left quickly and a changed workload changes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from specextend_vllm.algorithm.exploration import Exploration, MovingAverage, keeps_preference
 
 # Weight of a new measurement in the moving averages of step times and of tokens per
 # drafting step (which vary more: 1 to k + 1 from one step to the next).
@@ -30,20 +32,10 @@ TOKENS_SMOOTHING = 0.05
 # drafting was 1.3x faster), than for a plain step, whose time hardly varies.
 MIN_DRAFTING_SAMPLES = 8
 MIN_PLAIN_SAMPLES = 3
-# After a choice is made, the bucket measures the other one for a few steps after
-# FIRST_EXPLORATION_PERIOD steps, then after twice as many each time the choice holds, up
-# to EXPLORATION_PERIOD: a wrong first choice costs few steps, a right one is rarely left.
-# A choice that wins by more than CLEAR_WIN (a draft that is never accepted) waits the
-# whole EXPLORATION_PERIOD from the start.
-FIRST_EXPLORATION_PERIOD = 8
-EXPLORATION_PERIOD = 64
-CLEAR_WIN = 1.5
 # Steps of each exploration (the first of them, a switch, is not measured): more for
 # drafting, whose acceptance needs more samples.
 EXPLORATION_STEPS = 4
 DRAFTING_EXPLORATION_STEPS = 8
-# The other choice must be this much better to replace the current one.
-SWITCH_MARGIN = 1.05
 
 
 def batch_size_bucket(batch_size: int) -> int:
@@ -56,34 +48,15 @@ def batch_size_bucket(batch_size: int) -> int:
 
 
 @dataclasses.dataclass
-class MovingAverage:
-    smoothing: float = SMOOTHING
-    value: float = 0.0
-    samples: int = 0
-
-    def add(self, measurement: float) -> None:
-        """The mean of the samples so far, until there are 1 / smoothing of them; then an
-        exponential moving average (the first samples weigh no more than the later ones).
-
-        >>> average = MovingAverage(smoothing=0.25)
-        >>> for measurement in (1.0, 4.0, 4.0, 1.0):
-        ...     average.add(measurement)
-        >>> average.value
-        2.5
-        """
-        self.samples += 1
-        weight = max(1 / self.samples, self.smoothing)
-        self.value += weight * (measurement - self.value)
-
-
-@dataclasses.dataclass
 class BucketState:
-    drafting_step_s: MovingAverage = dataclasses.field(default_factory=MovingAverage)
-    plain_step_s: MovingAverage = dataclasses.field(default_factory=MovingAverage)
+    drafting_step_s: MovingAverage = dataclasses.field(
+        default_factory=lambda: MovingAverage(SMOOTHING)
+    )
+    plain_step_s: MovingAverage = dataclasses.field(
+        default_factory=lambda: MovingAverage(SMOOTHING)
+    )
     prefers_drafting: bool = True
-    exploring_for: int = 0
-    steps_since_exploration: int = 0
-    exploration_period: int = FIRST_EXPLORATION_PERIOD
+    exploration: Exploration = dataclasses.field(default_factory=Exploration)
 
     def measured(self) -> bool:
         return (
@@ -98,28 +71,7 @@ class BucketState:
             return True
         if self.plain_step_s.samples < MIN_PLAIN_SAMPLES:
             return False
-        return self.prefers_drafting != (self.exploring_for > 0)
-
-    def schedule_exploration(self, preference_changed: bool, win: float) -> None:
-        """Counts a measured step towards the next exploration of the other choice; `win`
-        is how many times faster the preferred choice measures."""
-        if preference_changed:
-            self.exploring_for = 0
-            self.steps_since_exploration = 0
-            self.exploration_period = (
-                EXPLORATION_PERIOD if win > CLEAR_WIN else FIRST_EXPLORATION_PERIOD
-            )
-        elif self.exploring_for:
-            self.exploring_for -= 1
-            if not self.exploring_for:
-                self.exploration_period = min(2 * self.exploration_period, EXPLORATION_PERIOD)
-        else:
-            self.steps_since_exploration += 1
-            if self.steps_since_exploration >= self.exploration_period:
-                self.exploring_for = (
-                    EXPLORATION_STEPS if self.prefers_drafting else DRAFTING_EXPLORATION_STEPS
-                )
-                self.steps_since_exploration = 0
+        return self.prefers_drafting != self.exploration.exploring
 
 
 class DraftLengthChooser:
@@ -172,17 +124,20 @@ class DraftLengthChooser:
         if bucket.measured():
             preferred = bucket.prefers_drafting
             win = self._update_preference(bucket)
-            bucket.schedule_exploration(bucket.prefers_drafting != preferred, win)
+            bucket.exploration.count_step(
+                bucket.prefers_drafting != preferred,
+                win,
+                EXPLORATION_STEPS if bucket.prefers_drafting else DRAFTING_EXPLORATION_STEPS,
+            )
         self._write_lookup(index, bucket.drafts())
 
     def _update_preference(self, bucket: BucketState) -> float:
         """Updates the bucket's choice; returns how many times faster it measures."""
         drafting_rate = self.tokens_per_drafting_step.value / bucket.drafting_step_s.value
         plain_rate = 1.0 / bucket.plain_step_s.value
-        if bucket.prefers_drafting:
-            bucket.prefers_drafting = plain_rate <= SWITCH_MARGIN * drafting_rate
-        else:
-            bucket.prefers_drafting = drafting_rate > SWITCH_MARGIN * plain_rate
+        bucket.prefers_drafting = keeps_preference(
+            bucket.prefers_drafting, drafting_rate, plain_rate
+        )
         if bucket.prefers_drafting:
             return drafting_rate / plain_rate
         return plain_rate / drafting_rate

@@ -55,6 +55,11 @@ class RetrievalState:
         if slots:
             self.steps_since_selection[slots] = -1
 
+    def forget_selections(self, slots: torch.Tensor) -> None:
+        """The requests in `slots` draft on the full cache: they select afresh when they
+        are reduced again."""
+        self.steps_since_selection[slots] = -1
+
     def free(self, request_ids: list[str]) -> None:
         self._request_slots.free(request_ids)
 

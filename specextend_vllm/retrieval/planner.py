@@ -1,5 +1,7 @@
 """The retrieval planner: for each propose() call, in three steps,
 
+0. `retrieval: auto`: the previous step measured, and which requests may draft on a
+   reduced cache this step (`algorithm.retrieval_choice`);
 1. `due_rows`: which requests select chunks now (a prompt, the schedule, or the
    adaptive trigger);
 2. `select`: their kept chunks, from the chunk scores, stored per request, and their
@@ -11,11 +13,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 
 import torch
 
 from specextend_vllm.algorithm.draft_step import DraftStep
 from specextend_vllm.algorithm.positions import WorkingCopies
+from specextend_vllm.algorithm.retrieval_choice import RetrievalChooser
 from specextend_vllm.algorithm.retrieval_state import RetrievalState
 from specextend_vllm.algorithm.selection import (
     chunks_to_blocks,
@@ -53,6 +58,18 @@ class DraftGeometry:
     rotates: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class MeasuredStep:
+    """A drafting step whose requests were all in one bucket of context lengths and all
+    drafted the same way: the next step's verification completes its measurement."""
+
+    request_ids: tuple[str, ...]
+    length_bucket: int
+    reduced: bool
+    num_drafts: int
+    started_s: float
+
+
 class RetrievalPlanner:
     def __init__(
         self,
@@ -63,6 +80,7 @@ class RetrievalPlanner:
         chunk_scorer: ChunkScorer,
         metrics: RetrievalMetrics,
         device: torch.device,
+        mean_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.config = config
         self.device = device
@@ -71,7 +89,11 @@ class RetrievalPlanner:
         self.working_copies = working_copies
         self.chunk_scorer = chunk_scorer
         self.metrics = metrics
+        self.mean_over_ranks = mean_over_ranks
+        self.clock = time.perf_counter
         self.state = self._new_state()
+        self.chooser = self._new_chooser()
+        self._measured_step: MeasuredStep | None = None
         self._reduced_block_table: torch.Tensor | None = None
 
     def _new_state(self) -> RetrievalState:
@@ -81,6 +103,11 @@ class RetrievalPlanner:
             self.device,
         )
 
+    def _new_chooser(self) -> RetrievalChooser | None:
+        if self.config.retrieval != "auto":
+            return None
+        return RetrievalChooser(self.config.activation_length, self.device)
+
     def reconfigure(self, config: SpecExtendConfig, copies: WorkingCopies) -> None:
         """Every request selects its chunks afresh at its next step."""
         self.config = config
@@ -88,6 +115,8 @@ class RetrievalPlanner:
         self.working_copies.chunk_size = config.chunk_size
         self.working_copies.copies = copies
         self.state = self._new_state()
+        self.chooser = self._new_chooser()
+        self._measured_step = None
 
     def plan(
         self,
@@ -101,6 +130,7 @@ class RetrievalPlanner:
     ) -> ReducedDraftView:
         """request_ids: the batch's R requests; target_positions: [num_tokens];
         query_start_loc: [R + 1]; block_table: [R + padding rows, W]."""
+        started_s = self.clock()
         step = DraftStep.from_target_batch(
             slots=self.state.slots(request_ids),
             target_positions=target_positions,
@@ -112,13 +142,75 @@ class RetrievalPlanner:
             activation_length=self.config.activation_length,
             num_speculative_tokens=num_speculative_tokens,
         )
+        eligible = step.eligible
+        if self.chooser is not None:
+            self._complete_measurement(step, request_ids, started_s)
+            chosen = self.chooser.reduces(step.context_lens)
+            self.state.forget_selections(step.slots[eligible & ~chosen])
+            eligible = eligible & chosen
         compact = self._drafts_compact(step.context_lens, step.slots)
         on_copy = self.working_copies.has_copy(step.slots) & (compact | self._chunks_within_blocks)
-        reducible = step.eligible & (on_copy | (not self._chunks_within_blocks))
+        reducible = eligible & (on_copy | (not self._chunks_within_blocks))
         rows = self.due_rows(step, reducible, compact)
         if rows.numel():
             self.select(step, rows, compact, on_copy, request_ids)
-        return self.lay_out(step, reducible, on_copy)
+        view, active = self.lay_out(step, reducible, on_copy)
+        if self.chooser is not None:
+            self._measured_step = self._measurable(
+                step, request_ids, active, num_speculative_tokens, started_s
+            )
+        return view
+
+    def _complete_measurement(
+        self, step: DraftStep, request_ids: list[str], now_s: float
+    ) -> None:
+        """Feeds the chooser the previous step, if it was measurable and this step verified
+        all its drafts: the time from its drafting to this one, and the tokens it gave."""
+        measured, self._measured_step = self._measured_step, None
+        if (
+            measured is None
+            or measured.request_ids != tuple(request_ids)
+            or not bool((step.verified_drafts == measured.num_drafts).all())
+        ):
+            return
+        assert self.chooser is not None
+        seconds = torch.tensor([now_s - measured.started_s], dtype=torch.float64)
+        if self.mean_over_ranks is not None:
+            seconds = self.mean_over_ranks(seconds.to(self.device)).cpu()
+        tokens_per_step = 1 + step.accepted_drafts.double().mean().item()
+        self.chooser.record_step(
+            measured.length_bucket, measured.reduced, seconds.item(), tokens_per_step
+        )
+
+    def _measurable(
+        self,
+        step: DraftStep,
+        request_ids: list[str],
+        active: torch.Tensor,
+        num_drafts: int,
+        started_s: float,
+    ) -> MeasuredStep | None:
+        """This step, if its requests are all in one bucket of context lengths (and long
+        enough to be reduced), drafted alike, none prefilling."""
+        assert self.chooser is not None
+        buckets = self.chooser.buckets_of(step.context_lens)
+        first_bucket, last_bucket, reduced, full = torch.stack(
+            [
+                buckets.min(),
+                buckets.max(),
+                active.all().long(),
+                (~active).all().long(),
+            ]
+        ).tolist()
+        if (
+            num_drafts == 0
+            or first_bucket != last_bucket
+            or first_bucket < 0
+            or not (reduced or full)
+            or bool(step.prefilling.any())
+        ):
+            return None
+        return MeasuredStep(tuple(request_ids), first_bucket, bool(reduced), num_drafts, started_s)
 
     def due_rows(
         self, step: DraftStep, reducible: torch.Tensor, compact: torch.Tensor
@@ -195,8 +287,9 @@ class RetrievalPlanner:
 
     def lay_out(
         self, step: DraftStep, reducible: torch.Tensor, on_copy: torch.Tensor
-    ) -> ReducedDraftView:
-        """The step's reduced block tables, from every request's stored selection."""
+    ) -> tuple[ReducedDraftView, torch.Tensor]:
+        """The step's reduced block tables, from every request's stored selection, and
+        which requests draft on them ([R] bool)."""
         state, slots, block_size = self.state, step.slots, self.geometry.block_size
         num_reqs = step.num_reqs
         active = reducible & (state.steps_since_selection[slots] >= 0)
@@ -237,12 +330,13 @@ class RetrievalPlanner:
             first_pass_block_table[:num_reqs] = torch.where(
                 first_pass_reduced[:, None], reduced[:num_reqs], full_block_table[:num_reqs]
             )
-        return ReducedDraftView(
+        view = ReducedDraftView(
             reduced,
             seq_len_offset,
             first_pass_block_table,
             torch.where(first_pass_reduced, seq_len_offset, 0),
         )
+        return view, active
 
     @property
     def _chunks_within_blocks(self) -> bool:

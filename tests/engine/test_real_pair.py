@@ -31,6 +31,7 @@ def test_greedy_output_equals_plain_decoding_on_the_real_pair(pair_and_prompt: t
         "token_budget": 512,
         "activation_length": 1024,
         "retrieval_interval": 2,
+        "retrieval": "always",
     }
     run = decode(target, [prompt], MAX_TOKENS, config, **overrides)
     assert run.outputs == expected

@@ -5,12 +5,11 @@ import random
 import pytest
 
 from specextend_vllm.algorithm.draft_length import (
-    EXPLORATION_PERIOD,
-    FIRST_EXPLORATION_PERIOD,
     MIN_DRAFTING_SAMPLES,
     MIN_PLAIN_SAMPLES,
     DraftLengthChooser,
 )
+from specextend_vllm.algorithm.exploration import EXPLORATION_PERIOD, FIRST_EXPLORATION_PERIOD
 
 K = 3
 # Steps before a bucket has measured both choices (two of them switches).
@@ -125,4 +124,4 @@ def test_close_rates_do_not_flap() -> None:
     chooser = DraftLengthChooser(K, max_batch_size=2)
     run_steps(chooser, 1, 200, drafting_s=0.6, plain_s=0.3, tokens=1.98)
     assert chooser.buckets[0].prefers_drafting
-    assert chooser.buckets[0].exploration_period == EXPLORATION_PERIOD
+    assert chooser.buckets[0].exploration.period == EXPLORATION_PERIOD

@@ -1,0 +1,149 @@
+"""Whether requests draft on retrieval's reduced cache or on the full one, per context
+length, from measured step times and acceptance (`retrieval: auto`).
+
+Retrieval trades acceptance for a cheaper draft: drafting on the kept chunks costs less
+than on the whole context (the draft's attention reads fewer keys), and the draft sees
+less of what the target sees. Which wins depends on the context length, the draft and
+the text: at 3K on the real pair the reduced cache lost more acceptance than it saved
+time. A decoding step that drafts with choice c gives each request `tokens_per_step(c)`
+tokens (1 + accepted drafts) in `step_seconds(c)` (the draft's passes, then the target's
+verification of what they drafted); the choice with more tokens per second is kept:
+
+    tokens_per_step(reduced) / step_seconds(reduced)  vs  tokens_per_step(full) / step_seconds(full).
+
+Both sides are measured per bucket of context lengths (`activation_length` to twice it,
+then to four times it, ...): each bucket measures the full cache first (what `draft_model`
+does), then the reduced one, keeps the faster and re-explores the other as
+`algorithm.exploration` schedules. A step is measured only where all its requests are in
+one bucket and drafted the same way (always at batch size 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specextend_vllm.algorithm.exploration import Exploration, MovingAverage, keeps_preference
+
+# Buckets of context lengths from activation_length up; longer contexts share the last.
+NUM_LENGTH_BUCKETS = 8
+STEP_SMOOTHING = 0.2
+# Tokens per step vary from 1 to k + 1 from one step to the next, and the two choices'
+# acceptance is often within 10% of each other: a long average.
+TOKENS_SMOOTHING = 0.02
+# Steps measured with each choice before comparing them, and per exploration.
+MIN_SAMPLES = 8
+EXPLORATION_STEPS = 8
+# Explorations (of 8 steps) after 16 steps, then 32, ... at most 256: a bucket's trade-off
+# changes with the texts, slowly; a settled choice explores 3% of its steps.
+FIRST_EXPLORATION_PERIOD = 16
+EXPLORATION_PERIOD = 256
+
+
+def length_buckets(context_lens: torch.Tensor, activation_length: int) -> torch.Tensor:
+    """[R] context lengths -> [R] buckets: -1 below `activation_length` (never reduced),
+    0 up to twice it, 1 up to four times, ..., at most NUM_LENGTH_BUCKETS - 1.
+
+    >>> length_buckets(torch.tensor([100, 2048, 4095, 4096, 9000, 10**7]), 2048).tolist()
+    [-1, 0, 0, 1, 2, 7]
+    """
+    multiples = torch.div(context_lens, activation_length, rounding_mode="floor")
+    buckets = torch.log2(multiples.clamp(min=1).double()).floor().long()
+    return torch.where(multiples > 0, buckets.clamp(max=NUM_LENGTH_BUCKETS - 1), -1)
+
+
+@dataclasses.dataclass
+class WayMeasurements:
+    step_s: MovingAverage = dataclasses.field(default_factory=lambda: MovingAverage(STEP_SMOOTHING))
+    tokens_per_step: MovingAverage = dataclasses.field(
+        default_factory=lambda: MovingAverage(TOKENS_SMOOTHING)
+    )
+
+    @property
+    def samples(self) -> int:
+        return self.step_s.samples
+
+    def add(self, step_seconds: float, tokens_per_step: float) -> None:
+        self.step_s.add(step_seconds)
+        self.tokens_per_step.add(tokens_per_step)
+
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step.value / self.step_s.value
+
+
+@dataclasses.dataclass
+class LengthBucket:
+    full: WayMeasurements = dataclasses.field(default_factory=WayMeasurements)
+    reduced: WayMeasurements = dataclasses.field(default_factory=WayMeasurements)
+    prefers_reduced: bool = False
+    exploration: Exploration = dataclasses.field(
+        default_factory=lambda: Exploration(FIRST_EXPLORATION_PERIOD, EXPLORATION_PERIOD)
+    )
+
+    def measured(self) -> bool:
+        return self.full.samples >= MIN_SAMPLES and self.reduced.samples >= MIN_SAMPLES
+
+    def reduces(self) -> bool:
+        """Each choice until measured (the full cache first), then the preferred one, or
+        the other one while exploring."""
+        if self.full.samples < MIN_SAMPLES:
+            return False
+        if self.reduced.samples < MIN_SAMPLES:
+            return True
+        return self.prefers_reduced != self.exploration.exploring
+
+
+class RetrievalChooser:
+    """Chooses, per bucket of context lengths, between drafting on the reduced cache and
+    on the full one. `reduces` reads the choice for a batch on the device; `record_step`
+    feeds one measured step.
+
+    At 3K a reduced step takes 0.50 s for 2.4 tokens, a full one 0.52 s for 2.6: the full
+    cache wins (5.0 tokens/s against 4.8). At 12K: 0.55 s for 2.4 against 0.80 s for 2.5,
+    the reduced one wins (4.4 against 3.1):
+
+    >>> chooser = RetrievalChooser(activation_length=2048, device=torch.device("cpu"))
+    >>> for reduced, seconds_3k, tokens_3k, seconds_12k, tokens_12k in (
+    ...     (False, 0.52, 2.6, 0.80, 2.5), (True, 0.50, 2.4, 0.55, 2.4)
+    ... ):
+    ...     for _ in range(MIN_SAMPLES):
+    ...         chooser.record_step(0, reduced, seconds_3k, tokens_3k)
+    ...         chooser.record_step(2, reduced, seconds_12k, tokens_12k)
+    >>> chooser.reduces(torch.tensor([1000, 3000, 12000])).tolist()
+    [False, False, True]
+    """
+
+    def __init__(self, activation_length: int, device: torch.device):
+        self.activation_length = activation_length
+        self.buckets = [LengthBucket() for _ in range(NUM_LENGTH_BUCKETS)]
+        self._reduces_by_bucket = torch.zeros(NUM_LENGTH_BUCKETS, dtype=torch.bool, device=device)
+
+    def buckets_of(self, context_lens: torch.Tensor) -> torch.Tensor:
+        return length_buckets(context_lens, self.activation_length)
+
+    def reduces(self, context_lens: torch.Tensor) -> torch.Tensor:
+        """[R] context lengths -> [R] whether each request drafts on the reduced cache."""
+        buckets = self.buckets_of(context_lens)
+        return self._reduces_by_bucket[buckets.clamp(min=0)] & (buckets >= 0)
+
+    def record_step(
+        self, bucket_index: int, reduced: bool, step_seconds: float, tokens_per_step: float
+    ) -> None:
+        """One decoding step whose requests, all in bucket `bucket_index`, drafted on the
+        reduced cache (or all on the full one), then verified: it took `step_seconds` and
+        gave each request `tokens_per_step` tokens on average."""
+        bucket = self.buckets[bucket_index]
+        (bucket.reduced if reduced else bucket.full).add(step_seconds, tokens_per_step)
+        if bucket.measured():
+            preferred = bucket.prefers_reduced
+            reduced_rate = bucket.reduced.tokens_per_second()
+            full_rate = bucket.full.tokens_per_second()
+            bucket.prefers_reduced = keeps_preference(preferred, reduced_rate, full_rate)
+            win = reduced_rate / full_rate
+            bucket.exploration.count_step(
+                bucket.prefers_reduced != preferred,
+                win if bucket.prefers_reduced else 1 / win,
+                EXPLORATION_STEPS,
+            )
+        self._reduces_by_bucket[bucket_index] = bucket.reduces()

@@ -1,0 +1,79 @@
+"""`retrieval: auto` through the engine: each bucket of context lengths measures drafting
+on the full cache and on the reduced one, keeps the one giving more tokens per second, and
+stays lossless while switching."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specextend_vllm import reconfigure, retrieval_stats
+from tests.harness import decode, generate_ids, on_engine, random_prompts, specextend_config
+
+pytestmark = pytest.mark.engine
+
+# One request at a time (batch size 1: every step measured), contexts of 600 to 700
+# tokens: one bucket of context lengths (512-1023 at activation length 128).
+PROMPTS = random_prompts([600] * 4, seed=5)
+OUTPUT_TOKENS = 96
+# Added to every step that drafts on the full cache in the second phase: a draft whose
+# attention over the whole context is slow, as a large draft's is on long prompts.
+FULL_CACHE_DELAY_S = 0.1
+
+
+def slow_down_full_cache_drafts(worker: Any) -> None:
+    planner = worker.model_runner.drafter.planner
+    lay_out = planner.lay_out
+
+    def lay_out_slowly(*args: Any) -> Any:
+        view, active = lay_out(*args)
+        if not bool(active.any()):
+            time.sleep(FULL_CACHE_DELAY_S)
+        return view, active
+
+    planner.lay_out = lay_out_slowly
+
+
+def draft_steps(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, int]:
+    return (
+        after["reduced_draft_steps"] - before["reduced_draft_steps"],
+        after["full_draft_steps"] - before["full_draft_steps"],
+    )
+
+
+def test_auto_retrieval_keeps_the_faster_cache_losslessly(tiny_models: dict[str, Path]) -> None:
+    """The target as its own draft, streaming retrieval (the first chunk and the newest):
+    on the full cache every draft is accepted, on the reduced one fewer, at about the same
+    step time, so the full cache wins; once full-cache steps are slowed down, the reduced
+    one wins. Either way the other choice is measured (8 steps) and re-explored now and
+    then. Seen: 92 full and 26 reduced steps, then 9 full and 259 reduced; with the
+    chooser left on the reduced cache once measured, the first phase fails, left on the
+    full cache, the second."""
+    target = tiny_models["target"]
+    plain = decode(target, PROMPTS, OUTPUT_TOKENS).outputs
+    config = specextend_config(target, retrieval="auto", policy="streaming")
+
+    def run(llm: Any) -> list[tuple[int, int, dict[str, Any]]]:
+        phases = []
+        for slow_full_cache in (False, True):
+            if slow_full_cache:
+                reconfigure(llm, retrieval="auto")
+                llm.collective_rpc(slow_down_full_cache_drafts)
+            before = retrieval_stats(llm)[0]
+            for prompt, expected in zip(PROMPTS, plain):
+                assert generate_ids(llm, [prompt], OUTPUT_TOKENS) == [expected]
+            after = retrieval_stats(llm)[0]
+            phases.append((*draft_steps(before, after), after))
+        return phases
+
+    (reduced_fast, full_fast, stats_fast), (reduced_slow, full_slow, _) = on_engine(
+        target, config, run
+    )
+    assert stats_fast["full_accepted_drafts"] / stats_fast["full_verified_drafts"] > (
+        stats_fast["reduced_accepted_drafts"] / stats_fast["reduced_verified_drafts"]
+    )
+    assert reduced_fast >= 8 and full_fast >= 2 * reduced_fast
+    assert full_slow >= 8 and reduced_slow >= 2 * full_slow
