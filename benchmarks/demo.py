@@ -1,7 +1,8 @@
 """The main job: one long prompt through the real Qwen2.5-Coder pair, offline.
 
 Runs no speculation, vLLM's `draft_model` and `specextend` (at its defaults, with the
-draft's prefill deferred past the first token, drafting every step, and drafting every
+draft's prefill deferred past the first token, drafting on the reduced cache at every step
+(`retrieval: always`, the default before `auto`), drafting every step, and drafting every
 step with the draft's vocabulary cut to its 32K most frequent tokens) on the same prompt and prints output equality, mean acceptance length and decode
 speed (median of `--repeats` decodes of the prompt, after its prefill, with the spread);
 saves the figures as JSON. The draft is the int8 Qwen2.5-Coder 0.5B (the cheap draft),
@@ -138,6 +139,10 @@ def main() -> None:
         "specextend_deferred_prefill": {
             "method": "specextend", "model": str(draft), "num_speculative_tokens": k,
             "draft_prefill": "deferred",
+        },
+        "specextend_retrieval_always": {
+            "method": "specextend", "model": str(draft), "num_speculative_tokens": k,
+            "retrieval": "always",
         },
         "specextend_always": {
             "method": "specextend", "model": str(draft), "num_speculative_tokens": k, "drafting": "always"

@@ -158,7 +158,8 @@ def mean_acceptance_length(requests: list[RequestFigures]) -> float | None:
 def time_breakdown(step_records: list[dict[str, Any]], max_decode_tokens: int, decode_wall_s: float) -> dict[str, Any]:
     """Mean seconds per decoding step: target forward, sampling (with verification: the
     rejection sampler, or a tree's acceptance and KV moves), the draft proposal and its
-    passes, and the rest of the step (scheduling, bookkeeping). Steps that processed more
+    passes, the method's retrieval planning within the proposal (of which the chunk
+    scores and the working copies), and the rest of the step (scheduling, bookkeeping). Steps that processed more
     than `max_decode_tokens` target tokens are prefill and left out."""
     decode = [r for r in step_records if r["num_target_tokens"] <= max_decode_tokens]
     if not decode:
@@ -178,5 +179,9 @@ def time_breakdown(step_records: list[dict[str, Any]], max_decode_tokens: int, d
         "propose_s": propose,
         "first_draft_pass_s": sum(p[0] for p in passes) / len(passes) if passes else 0.0,
         "later_draft_pass_s": sum(later) / len(later) if later else 0.0,
+        **{
+            field: sum(r.get(field, 0.0) for r in decode) / n
+            for field in ("retrieval_s", "chunk_scores_s", "working_copies_s")
+        },
         "other_s": max(step - target - sample - propose, 0.0),
     }

@@ -1,6 +1,7 @@
 """Where a decoding step's time goes: the target's forward pass, the sampling (with
 verification: the rejection sampler, or a tree's acceptance and KV moves), the draft
-proposal and each draft pass. Opt-in (`SPECEXTEND_STEP_TIMINGS=1`), read with `step_timings(llm)`.
+proposal and each draft pass, and within the proposal the method's own work (retrieval's
+planning, of which the chunk scores and the working copies). Opt-in (`SPECEXTEND_STEP_TIMINGS=1`), read with `step_timings(llm)`.
 
 Times are wall clock around the work; with CUDA the timer synchronizes the device at
 every boundary, which slows the engine down but attributes the time correctly.
@@ -33,6 +34,9 @@ class StepRecord:
     sample_s: float = 0.0
     propose_s: float = 0.0
     draft_passes_s: list[float] = dataclasses.field(default_factory=list)
+    retrieval_s: float = 0.0
+    chunk_scores_s: float = 0.0
+    working_copies_s: float = 0.0
 
 
 class StepTimer:
@@ -40,7 +44,8 @@ class StepTimer:
 
     Example: a step that verifies 5 tokens and drafts 4 leaves
     StepRecord(num_target_tokens=5, target_forward_s=0.31, sample_s=0.002,
-               propose_s=0.12, draft_passes_s=[0.04, 0.025, 0.025, 0.025]).
+               propose_s=0.12, draft_passes_s=[0.04, 0.025, 0.025, 0.025],
+               retrieval_s=0.004, chunk_scores_s=0.002, working_copies_s=0.001).
     """
 
     def __init__(self, synchronize: Callable[[], None] | None = None, history: int = 16384):
@@ -67,6 +72,27 @@ class StepTimer:
     def sample(self) -> Iterator[None]:
         with self._add_to("sample_s"):
             yield
+
+    def time_method(self, owner: object, name: str, field: str) -> None:
+        """Adds the time of every call of `owner.name` to the current step's `field`.
+
+        >>> class Planner:
+        ...     def plan(self, x):
+        ...         return x + 1
+        >>> timer, planner = StepTimer(), Planner()
+        >>> timer.time_method(planner, "plan", "retrieval_s")
+        >>> with timer.target_forward(num_target_tokens=5):
+        ...     pass
+        >>> planner.plan(1), timer.drain()[0].retrieval_s > 0
+        (2, True)
+        """
+        method = getattr(owner, name)
+
+        def timed(*args: object, **kwargs: object) -> object:
+            with self._add_to(field):
+                return method(*args, **kwargs)
+
+        setattr(owner, name, timed)
 
     @contextmanager
     def _add_to(self, field: str) -> Iterator[None]:

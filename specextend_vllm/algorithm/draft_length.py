@@ -11,9 +11,14 @@ Both step times depend on the batch size (on a CPU the target becomes compute-bo
 batch grows, and verifying k + 1 tokens per request costs up to k + 1 times a plain step),
 so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...). Acceptance depends on
 the requests, not the batch size: one moving average for all. Each bucket measures drafting
-first, then not drafting, then keeps the better one, trying the other again for a few steps
-after a number of steps that starts small and doubles while the choice holds
-(`algorithm.exploration`), so a wrong first choice is left quickly and a changed workload changes it.
+first, then not drafting, then keeps the better one and tries the other again for a few
+steps after a number of steps that starts small and doubles while the choice holds
+(`algorithm.exploration`), so a wrong first choice is left quickly and a changed workload
+changes it. While drafting is kept its own rate is measured at every step, and a plain
+step's time hardly changes (it depends on the batch and the context length, not on the
+text): plain steps are measured again rarely (after 32 steps, up to 256). While not
+drafting is kept, drafting is measured again sooner (after 8 steps, up to 64): only
+drafting tells whether the draft is accepted again.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ MIN_PLAIN_SAMPLES = 3
 # drafting, whose acceptance needs more samples.
 EXPLORATION_STEPS = 4
 DRAFTING_EXPLORATION_STEPS = 8
+# Periods between explorations of plain steps while drafting is kept (the first, the
+# longest); those of drafting while it is not are `algorithm.exploration`'s.
+PLAIN_FIRST_EXPLORATION_PERIOD = 32
+PLAIN_EXPLORATION_PERIOD = 256
 
 
 def batch_size_bucket(batch_size: int) -> int:
@@ -56,7 +65,15 @@ class BucketState:
         default_factory=lambda: MovingAverage(SMOOTHING)
     )
     prefers_drafting: bool = True
-    exploration: Exploration = dataclasses.field(default_factory=Exploration)
+    plain_exploration: Exploration = dataclasses.field(
+        default_factory=lambda: Exploration(PLAIN_FIRST_EXPLORATION_PERIOD, PLAIN_EXPLORATION_PERIOD)
+    )
+    drafting_exploration: Exploration = dataclasses.field(default_factory=Exploration)
+
+    @property
+    def exploration(self) -> Exploration:
+        """When the choice kept now measures the other one again."""
+        return self.plain_exploration if self.prefers_drafting else self.drafting_exploration
 
     def measured(self) -> bool:
         return (

@@ -12,9 +12,9 @@ verification of what they drafted); the choice with more tokens per second is ke
     tokens_per_step(reduced) / step_seconds(reduced)  vs  tokens_per_step(full) / step_seconds(full).
 
 Both sides are measured per bucket of context lengths (`activation_length` to twice it,
-then to four times it, ...): each bucket measures the full cache first (what `draft_model`
-does), then the reduced one, keeps the faster and re-explores the other as
-`algorithm.exploration` schedules. A step is measured only where all its requests are in
+then to four times it, ...): each bucket measures the full cache (what `draft_model` does)
+and the reduced one in turns of 4 steps, 8 steps each, keeps the faster and re-explores the
+other as `algorithm.exploration` schedules. A step is measured only where all its requests are in
 one bucket and drafted the same way (always at batch size 1).
 """
 
@@ -35,6 +35,11 @@ TOKENS_SMOOTHING = 0.02
 # Steps measured with each choice before comparing them, and per exploration.
 MIN_SAMPLES = 8
 EXPLORATION_STEPS = 8
+# Before the first comparison the two choices take turns of this many measured steps, so
+# that both sample the same stretches of the output (acceptance differs between the start
+# of an answer and its middle more than between the two choices); a turn on the reduced
+# cache starts with a selection, as every `retrieval_interval` (4) steps.
+MEASURING_TURN = 4
 # Explorations (of 8 steps) after 16 steps, then 32, ... at most 256: a bucket's trade-off
 # changes with the texts, slowly; a settled choice explores 3% of its steps.
 FIRST_EXPLORATION_PERIOD = 16
@@ -85,12 +90,15 @@ class LengthBucket:
         return self.full.samples >= MIN_SAMPLES and self.reduced.samples >= MIN_SAMPLES
 
     def reduces(self) -> bool:
-        """Each choice until measured (the full cache first), then the preferred one, or
-        the other one while exploring."""
-        if self.full.samples < MIN_SAMPLES:
-            return False
-        if self.reduced.samples < MIN_SAMPLES:
+        """Each choice in turns until both are measured (the full cache first), then the
+        preferred one, or the other one while exploring."""
+        if self.full.samples >= MIN_SAMPLES > self.reduced.samples:
             return True
+        if self.reduced.samples >= MIN_SAMPLES > self.full.samples:
+            return False
+        if not self.measured():
+            turn = (self.full.samples + self.reduced.samples) // MEASURING_TURN
+            return turn % 2 == 1
         return self.prefers_reduced != self.exploration.exploring
 
 

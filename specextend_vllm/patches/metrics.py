@@ -237,7 +237,9 @@ class TimeSampling(VllmPatch):
 
 
 class TimeDraftProposal(VllmPatch):
-    """Times the whole proposal, and each draft pass through hooks on the draft model."""
+    """Times the whole proposal, each draft pass through hooks on the draft model, and the
+    retrieval planner's work (the working copies of a prompt are built during the draft's
+    passes, so their time counts there too)."""
 
     target = gpu_model_runner.GPUModelRunner
     attribute = "propose_draft_token_ids"
@@ -252,6 +254,12 @@ class TimeDraftProposal(VllmPatch):
             draft_model.register_forward_pre_hook(lambda *_: timer.draft_pass_started())
             draft_model.register_forward_hook(lambda *_: timer.draft_pass_finished())
             draft_model._specextend_timed = True
+        planner = getattr(self.drafter, "planner", None)
+        if planner is not None and not getattr(planner, "_specextend_timed", False):
+            timer.time_method(planner, "plan", "retrieval_s")
+            timer.time_method(planner, "_chunk_scores", "chunk_scores_s")
+            timer.time_method(planner.working_copies, "build", "working_copies_s")
+            planner._specextend_timed = True
         with timer.propose():
             return TimeDraftProposal.original(self, *args, **kwargs)
 

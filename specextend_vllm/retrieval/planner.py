@@ -174,7 +174,7 @@ class RetrievalPlanner:
         ):
             return
         assert self.chooser is not None
-        seconds = torch.tensor([now_s - measured.started_s], dtype=torch.float64)
+        seconds = torch.tensor([now_s - measured.started_s], dtype=torch.float32)
         if self.mean_over_ranks is not None:
             seconds = self.mean_over_ranks(seconds.to(self.device)).cpu()
         tokens_per_step = 1 + step.accepted_drafts.double().mean().item()

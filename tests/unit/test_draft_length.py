@@ -7,6 +7,8 @@ import pytest
 from specextend_vllm.algorithm.draft_length import (
     MIN_DRAFTING_SAMPLES,
     MIN_PLAIN_SAMPLES,
+    PLAIN_EXPLORATION_PERIOD,
+    PLAIN_FIRST_EXPLORATION_PERIOD,
     DraftLengthChooser,
 )
 from specextend_vllm.algorithm.exploration import EXPLORATION_PERIOD, FIRST_EXPLORATION_PERIOD
@@ -124,4 +126,15 @@ def test_close_rates_do_not_flap() -> None:
     chooser = DraftLengthChooser(K, max_batch_size=2)
     run_steps(chooser, 1, 200, drafting_s=0.6, plain_s=0.3, tokens=1.98)
     assert chooser.buckets[0].prefers_drafting
-    assert chooser.buckets[0].exploration.period == EXPLORATION_PERIOD
+    assert chooser.buckets[0].exploration.period > PLAIN_FIRST_EXPLORATION_PERIOD
+
+
+def test_plain_steps_are_measured_again_rarely_while_drafting_pays() -> None:
+    """The demo's case (3K, int8 draft): drafting at 1.4x a plain step's tokens per second.
+    After measuring, plain steps come back after 32 steps, then 64, ...: 12 of the first
+    128 steps, three runs of 4 (with explorations after 8, 16, 32 and 64 steps, as before,
+    16), each costing 0.4 tokens against a drafting step."""
+    chooser = DraftLengthChooser(K, max_batch_size=1)
+    scheduled = run_steps(chooser, 1, 128, drafting_s=0.47, plain_s=0.26, tokens=2.5)
+    assert scheduled.count(0) <= 12
+    assert 0 in scheduled[MEASURING_STEPS : MEASURING_STEPS + PLAIN_FIRST_EXPLORATION_PERIOD + 2]
