@@ -64,6 +64,18 @@ def make_llm(target: Path | str, speculative_config: dict[str, Any] | None, max_
     )
 
 
+def specextend_every_step(draft: Path, num_speculative_tokens: int) -> dict[str, Any]:
+    """`specextend` drafting at every step, on the reduced cache from the activation length
+    on: the configuration of the benchmarks that measure the method's parts."""
+    return {
+        "method": "specextend",
+        "model": str(draft),
+        "num_speculative_tokens": num_speculative_tokens,
+        "drafting": "always",
+        "retrieval": "always",
+    }
+
+
 def close(llm: Any) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm

@@ -88,13 +88,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target)
     text = assets.long_texts()[args.text]
     lengths = sorted(args.lengths, reverse=True)
-    config = {
-        "method": "specextend",
-        "model": str(draft),
-        "num_speculative_tokens": args.k,
-        "drafting": "always",
-        "retrieval": "always",
-    }
+    config = engine.specextend_every_step(draft, args.k)
     llm = engine.make_llm(target, config, max(lengths) + args.max_tokens + 64)
     results: dict[str, dict[str, Any]] = {}
     try:

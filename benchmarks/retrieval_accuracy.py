@@ -69,13 +69,7 @@ def run(
         for genre, by_name in genre_texts(args.genres).items()
     }
     settings = {name: SETTINGS[name] for name in args.settings}
-    config = {
-        "method": "specextend",
-        "model": str(draft),
-        "num_speculative_tokens": args.k,
-        "drafting": "always",
-        "retrieval": "always",
-    }
+    config = engine.specextend_every_step(draft, args.k)
     llm = engine.make_llm(target, config, max(args.lengths) + args.max_tokens + 64)
     runs = []
     total = sum(len(by_name) for by_name in texts.values()) * len(args.lengths) * len(settings)

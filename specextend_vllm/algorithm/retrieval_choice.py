@@ -14,8 +14,9 @@ verification of what they drafted); the choice with more tokens per second is ke
 Both sides are measured per bucket of context lengths (`activation_length` to twice it,
 then to four times it, ...): each bucket measures the full cache (what `draft_model` does)
 and the reduced one in turns of 4 steps, 8 steps each, keeps the faster and re-explores the
-other as `algorithm.exploration` schedules. A step is measured only where all its requests are in
-one bucket and drafted the same way (always at batch size 1).
+other as `algorithm.exploration` schedules. A batch follows the choice of the bucket holding
+most of its context tokens (the requests long enough to be reduced all draft the same way),
+and its step is measured for that bucket, so batches that mix lengths measure too.
 """
 
 from __future__ import annotations
@@ -104,43 +105,55 @@ class LengthBucket:
 
 class RetrievalChooser:
     """Chooses, per bucket of context lengths, between drafting on the reduced cache and
-    on the full one. `reduces` reads the choice for a batch on the device; `record_step`
+    on the full one. `reduces` reads the choice for a batch's bucket; `record_step`
     feeds one measured step.
 
     At 3K a reduced step takes 0.50 s for 2.4 tokens, a full one 0.52 s for 2.6: the full
     cache wins (5.0 tokens/s against 4.8). At 12K: 0.55 s for 2.4 against 0.80 s for 2.5,
     the reduced one wins (4.4 against 3.1):
 
-    >>> chooser = RetrievalChooser(activation_length=2048, device=torch.device("cpu"))
+    >>> chooser = RetrievalChooser(activation_length=2048)
     >>> for reduced, seconds_3k, tokens_3k, seconds_12k, tokens_12k in (
     ...     (False, 0.52, 2.6, 0.80, 2.5), (True, 0.50, 2.4, 0.55, 2.4)
     ... ):
     ...     for _ in range(MIN_SAMPLES):
     ...         chooser.record_step(0, reduced, seconds_3k, tokens_3k)
     ...         chooser.record_step(2, reduced, seconds_12k, tokens_12k)
-    >>> chooser.reduces(torch.tensor([1000, 3000, 12000])).tolist()
-    [False, False, True]
+    >>> chooser.reduces(0), chooser.reduces(2)
+    (False, True)
     """
 
-    def __init__(self, activation_length: int, device: torch.device):
+    def __init__(self, activation_length: int):
         self.activation_length = activation_length
         self.buckets = [LengthBucket() for _ in range(NUM_LENGTH_BUCKETS)]
-        self._reduces_by_bucket = torch.zeros(NUM_LENGTH_BUCKETS, dtype=torch.bool, device=device)
 
-    def buckets_of(self, context_lens: torch.Tensor) -> torch.Tensor:
-        return length_buckets(context_lens, self.activation_length)
+    def batch_bucket(self, context_lens: torch.Tensor) -> int:
+        """[R] context lengths -> the bucket holding most of the context tokens of the
+        requests long enough to be reduced; -1 where none is.
 
-    def reduces(self, context_lens: torch.Tensor) -> torch.Tensor:
-        """[R] context lengths -> [R] whether each request drafts on the reduced cache."""
-        buckets = self.buckets_of(context_lens)
-        return self._reduces_by_bucket[buckets.clamp(min=0)] & (buckets >= 0)
+        >>> RetrievalChooser(2048).batch_bucket(torch.tensor([1000, 3000, 3500, 5000]))
+        0
+        >>> RetrievalChooser(2048).batch_bucket(torch.tensor([1000, 2047]))
+        -1
+        """
+        buckets = length_buckets(context_lens, self.activation_length)
+        eligible = buckets >= 0
+        tokens = torch.zeros(NUM_LENGTH_BUCKETS, dtype=torch.int64, device=context_lens.device)
+        tokens.index_add_(0, buckets[eligible], context_lens[eligible].long())
+        most_tokens, bucket = (value.item() for value in tokens.max(0))
+        return int(bucket) if most_tokens > 0 else -1
+
+    def reduces(self, bucket_index: int) -> bool:
+        """Whether the requests of a batch whose bucket is `bucket_index` draft on the
+        reduced cache now."""
+        return self.buckets[bucket_index].reduces()
 
     def record_step(
         self, bucket_index: int, reduced: bool, step_seconds: float, tokens_per_step: float
     ) -> None:
-        """One decoding step whose requests, all in bucket `bucket_index`, drafted on the
-        reduced cache (or all on the full one), then verified: it took `step_seconds` and
-        gave each request `tokens_per_step` tokens on average."""
+        """One decoding step of a batch whose bucket is `bucket_index`, whose requests
+        drafted on the reduced cache (or all on the full one), then verified: it took
+        `step_seconds` and gave each request `tokens_per_step` tokens on average."""
         bucket = self.buckets[bucket_index]
         (bucket.reduced if reduced else bucket.full).add(step_seconds, tokens_per_step)
         if bucket.measured():
@@ -154,4 +167,3 @@ class RetrievalChooser:
                 win if bucket.prefers_reduced else 1 / win,
                 EXPLORATION_STEPS,
             )
-        self._reduces_by_bucket[bucket_index] = bucket.reduces()

@@ -60,8 +60,9 @@ class DraftGeometry:
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredStep:
-    """A drafting step whose requests were all in one bucket of context lengths and all
-    drafted the same way: the next step's verification completes its measurement."""
+    """A drafting step whose requests long enough to be reduced all drafted the same way,
+    as their batch's bucket of context lengths chose: the next step's verification
+    completes its measurement."""
 
     request_ids: tuple[str, ...]
     length_bucket: int
@@ -106,7 +107,7 @@ class RetrievalPlanner:
     def _new_chooser(self) -> RetrievalChooser | None:
         if self.config.retrieval != "auto":
             return None
-        return RetrievalChooser(self.config.activation_length, self.device)
+        return RetrievalChooser(self.config.activation_length)
 
     def reconfigure(self, config: SpecExtendConfig, copies: WorkingCopies) -> None:
         """Every request selects its chunks afresh at its next step."""
@@ -143,11 +144,13 @@ class RetrievalPlanner:
             num_speculative_tokens=num_speculative_tokens,
         )
         eligible = step.eligible
+        batch_bucket = -1
         if self.chooser is not None:
             self._complete_measurement(step, request_ids, started_s)
-            chosen = self.chooser.reduces(step.context_lens)
-            self.state.forget_selections(step.slots[eligible & ~chosen])
-            eligible = eligible & chosen
+            batch_bucket = self.chooser.batch_bucket(step.context_lens)
+            if batch_bucket < 0 or not self.chooser.reduces(batch_bucket):
+                self.state.forget_selections(step.slots[eligible])
+                eligible = torch.zeros_like(eligible)
         compact = self._drafts_compact(step.context_lens, step.slots)
         on_copy = self.working_copies.has_copy(step.slots) & (compact | self._chunks_within_blocks)
         reducible = eligible & (on_copy | (not self._chunks_within_blocks))
@@ -157,7 +160,7 @@ class RetrievalPlanner:
         view, active = self.lay_out(step, reducible, on_copy)
         if self.chooser is not None:
             self._measured_step = self._measurable(
-                step, request_ids, active, num_speculative_tokens, started_s
+                step, request_ids, active, batch_bucket, num_speculative_tokens, started_s
             )
         return view
 
@@ -187,30 +190,19 @@ class RetrievalPlanner:
         step: DraftStep,
         request_ids: list[str],
         active: torch.Tensor,
+        batch_bucket: int,
         num_drafts: int,
         started_s: float,
     ) -> MeasuredStep | None:
-        """This step, if its requests are all in one bucket of context lengths (and long
-        enough to be reduced), drafted alike, none prefilling."""
-        assert self.chooser is not None
-        buckets = self.chooser.buckets_of(step.context_lens)
-        first_bucket, last_bucket, reduced, full = torch.stack(
-            [
-                buckets.min(),
-                buckets.max(),
-                active.all().long(),
-                (~active).all().long(),
-            ]
+        """This step, if it drafted, none of its requests prefilling, and those long enough
+        to be reduced all drafted the same way."""
+        eligible = step.eligible
+        reduced, full, prefilling = torch.stack(
+            [(active | ~eligible).all(), (~active).all(), step.prefilling.any()]
         ).tolist()
-        if (
-            num_drafts == 0
-            or first_bucket != last_bucket
-            or first_bucket < 0
-            or not (reduced or full)
-            or bool(step.prefilling.any())
-        ):
+        if num_drafts == 0 or batch_bucket < 0 or prefilling or not (reduced or full):
             return None
-        return MeasuredStep(tuple(request_ids), first_bucket, bool(reduced), num_drafts, started_s)
+        return MeasuredStep(tuple(request_ids), batch_bucket, bool(reduced), num_drafts, started_s)
 
     def due_rows(
         self, step: DraftStep, reducible: torch.Tensor, compact: torch.Tensor

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.engine
 # tokens: one bucket of context lengths (512-1023 at activation length 128).
 PROMPTS = random_prompts([600] * 4, seed=5)
 OUTPUT_TOKENS = 96
+# Batched with the first of PROMPTS: two buckets in one batch (256-511 and 512-1023).
+SHORTER_PROMPT = random_prompts([300], seed=6)[0]
 # Added to every step that drafts on the full cache in the second phase: a draft whose
 # attention over the whole context is slow, as a large draft's is on long prompts.
 FULL_CACHE_DELAY_S = 0.1
@@ -51,9 +53,12 @@ def test_auto_retrieval_keeps_the_faster_cache_losslessly(tiny_models: dict[str,
     one wins. Either way the other choice is measured (8 steps) and re-explored now and
     then. Seen: 92 full and 26 reduced steps, then 9 full and 259 reduced; with the
     chooser left on the reduced cache once measured, the first phase fails, left on the
-    full cache, the second."""
+    full cache, the second. Then a batch of two requests in two buckets, measured afresh:
+    it follows the bucket holding most of its context and measures it, so it reaches the
+    reduced cache's turn (a chooser that measured only batches within one bucket left such
+    batches on the full cache for good)."""
     target = tiny_models["target"]
-    plain = decode(target, PROMPTS, OUTPUT_TOKENS).outputs
+    *plain, plain_shorter = decode(target, [*PROMPTS, SHORTER_PROMPT], OUTPUT_TOKENS).outputs
     config = specextend_config(target, retrieval="auto", policy="streaming")
 
     def run(llm: Any) -> list[tuple[int, int, dict[str, Any]]]:
@@ -67,13 +72,19 @@ def test_auto_retrieval_keeps_the_faster_cache_losslessly(tiny_models: dict[str,
                 assert generate_ids(llm, [prompt], OUTPUT_TOKENS) == [expected]
             after = retrieval_stats(llm)[0]
             phases.append((*draft_steps(before, after), after))
+        reconfigure(llm, retrieval="auto")
+        before = retrieval_stats(llm)[0]
+        mixed = generate_ids(llm, [PROMPTS[0], SHORTER_PROMPT], OUTPUT_TOKENS)
+        assert mixed == [plain[0], plain_shorter]
+        phases.append((*draft_steps(before, retrieval_stats(llm)[0]), {}))
         return phases
 
-    (reduced_fast, full_fast, stats_fast), (reduced_slow, full_slow, _) = on_engine(
-        target, config, run
+    (reduced_fast, full_fast, stats_fast), (reduced_slow, full_slow, _), (reduced_mixed, _, _) = (
+        on_engine(target, config, run)
     )
     assert stats_fast["full_accepted_drafts"] / stats_fast["full_verified_drafts"] > (
         stats_fast["reduced_accepted_drafts"] / stats_fast["reduced_verified_drafts"]
     )
     assert reduced_fast >= 8 and full_fast >= 2 * reduced_fast
     assert full_slow >= 8 and reduced_slow >= 2 * full_slow
+    assert reduced_mixed > 0

@@ -17,7 +17,7 @@ MEASURING_STEPS = 2 * MIN_SAMPLES
 
 
 def new_chooser() -> RetrievalChooser:
-    return RetrievalChooser(ACTIVATION_LENGTH, torch.device("cpu"))
+    return RetrievalChooser(ACTIVATION_LENGTH)
 
 
 def run_steps(
@@ -33,9 +33,9 @@ def run_steps(
     Returns whether each step drafted on the reduced cache."""
     rng = random.Random(seed)
     choices = []
-    [bucket] = chooser.buckets_of(torch.tensor([context_len])).tolist()
+    bucket = chooser.batch_bucket(torch.tensor([context_len]))
     for _ in range(steps):
-        [reduces] = chooser.reduces(torch.tensor([context_len])).tolist()
+        reduces = chooser.reduces(bucket)
         seconds, mean_tokens = reduced if reduces else full
         tokens = rng.randint(1, round(2 * mean_tokens - 1))
         chooser.record_step(bucket, reduces, seconds, tokens)
@@ -61,7 +61,13 @@ def test_context_lengths_are_measured_apart_and_short_requests_are_never_reduced
     run_steps(chooser, 3000, 60, reduced=(0.50, 2.0), full=(0.52, 3.0))
     run_steps(chooser, 12000, 60, reduced=(0.55, 2.5), full=(0.80, 2.5))
     assert not chooser.buckets[0].prefers_reduced and chooser.buckets[2].prefers_reduced
-    assert chooser.reduces(torch.tensor([1000, 2047])).tolist() == [False, False]
+    assert chooser.batch_bucket(torch.tensor([1000, 2047])) == -1
+
+
+def test_a_batch_follows_the_bucket_holding_most_of_its_context() -> None:
+    chooser = new_chooser()
+    assert chooser.batch_bucket(torch.tensor([100, 3000, 3000, 12000])) == 2
+    assert chooser.batch_bucket(torch.tensor([100] + [3000] * 5 + [12000])) == 0
 
 
 def test_never_settles_on_the_worse_choice_for_long() -> None:
