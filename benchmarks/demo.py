@@ -170,7 +170,7 @@ def main() -> None:
     print(f"\nprompt: {len(prompt)} tokens, {args.max_tokens} new tokens, greedy, k={k}, draft {draft.name}")
     print(
         f"{'method':<28}{'same output':>12}{'decode tok/s (min-max)':>24}{'vs none':>9}"
-        f"{'acceptance':>12}{'proposal ms':>13}{'c':>7}{'prefill s':>11}"
+        f"{'acceptance':>12}{'proposal ms':>13}{'c':>7}{'target fwd ms':>15}{'prefill s':>11}"
     )
     target_step_s = baseline["steps"].get("target_forward_s")
     for name, result in results.items():
@@ -182,7 +182,8 @@ def main() -> None:
             f"{name:<28}{str(result['tokens'] == baseline['tokens']):>12}{speed:>24}"
             f"{result['decode_tokens_per_s'] / baseline['decode_tokens_per_s']:>9.2f}"
             f"{acceptance if acceptance is None else round(acceptance, 2)!s:>12}"
-            f"{proposal_s * 1000 if proposal_s else 0:>13.1f}{cost:>7}{result['prefill_s']:>11.1f}"
+            f"{proposal_s * 1000 if proposal_s else 0:>13.1f}{cost:>7}"
+            f"{1000 * result['steps'].get('target_forward_s', 0.0):>15.0f}{result['prefill_s']:>11.1f}"
         )
     for name, result in results.items():
         if "retrieval" in result:
