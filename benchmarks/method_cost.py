@@ -60,7 +60,7 @@ def decode_once(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     from specextend_vllm import step_timings
 
     step_timings(llm)
-    [figures], wall_s = engine.generate(llm, [prompt], max_tokens)
+    [figures], _ = engine.generate(llm, [prompt], max_tokens)
     steps = engine.time_breakdown(step_timings(llm)[0], MAX_DECODE_STEP_TOKENS, figures.decode_s)
     return {
         **{field: steps.get(field, 0.0) for field in PER_STEP_FIELDS},

@@ -7,8 +7,8 @@ import dataclasses
 # After a choice is made, the other one is measured again for a few steps after a first
 # period of steps, then after twice as many each time the choice holds, up to a longest
 # period: a wrong first choice costs few steps, a right one is rarely left. A choice that
-# wins by more than CLEAR_WIN waits the longest period from the start. The periods of
-# `drafting: auto`:
+# wins by more than CLEAR_WIN waits the longest period from the start. The default periods
+# (those of `drafting: auto` measuring drafting again):
 FIRST_EXPLORATION_PERIOD = 8
 EXPLORATION_PERIOD = 64
 CLEAR_WIN = 1.5
@@ -69,7 +69,7 @@ class Exploration:
     max_period: int = EXPLORATION_PERIOD
     exploring_for: int = 0
     steps_since: int = 0
-    period: int = FIRST_EXPLORATION_PERIOD
+    period: int = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.period = self.first_period

@@ -140,8 +140,8 @@ class RetrievalChooser:
         eligible = buckets >= 0
         tokens = torch.zeros(NUM_LENGTH_BUCKETS, dtype=torch.int64, device=context_lens.device)
         tokens.index_add_(0, buckets[eligible], context_lens[eligible].long())
-        most_tokens, bucket = (value.item() for value in tokens.max(0))
-        return int(bucket) if most_tokens > 0 else -1
+        most_tokens, bucket = torch.stack(tokens.max(0)).tolist()
+        return bucket if most_tokens > 0 else -1
 
     def reduces(self, bucket_index: int) -> bool:
         """Whether the requests of a batch whose bucket is `bucket_index` draft on the

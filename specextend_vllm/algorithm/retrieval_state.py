@@ -53,11 +53,10 @@ class RetrievalState:
         """Forgets the selections of requests that start over (resumed after preemption)."""
         slots = self._request_slots.existing(request_ids)
         if slots:
-            self.steps_since_selection[slots] = -1
+            self.forget_selections(torch.tensor(slots, device=self.steps_since_selection.device))
 
     def forget_selections(self, slots: torch.Tensor) -> None:
-        """The requests in `slots` draft on the full cache: they select afresh when they
-        are reduced again."""
+        """The requests in `slots` select afresh at their next reduced step."""
         self.steps_since_selection[slots] = -1
 
     def free(self, request_ids: list[str]) -> None:
