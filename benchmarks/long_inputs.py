@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from benchmarks import engine  # noqa: E402
+from benchmarks.genres import GENRES, genre_texts  # noqa: E402
 from benchmarks.prompts import (  # noqa: E402
     draft_origin_of_tokens,
     needle_prompt,
@@ -83,8 +85,14 @@ def engine_configs(draft: Path, args: argparse.Namespace) -> dict[str, dict[str,
     return {
         "no_speculation": None,
         "draft_model": {"method": "draft_model", **common},
-        # Drafting every step, as draft_model does, so acceptance is measured at every step.
-        "specextend": {"method": "specextend", **common, "drafting": "always", **args.specextend_keys},
+        # Drafting every step, as draft_model does, so acceptance is measured at every step
+        # (unless specextend runs at its defaults).
+        "specextend": {
+            "method": "specextend",
+            **common,
+            **({} if args.at_defaults else {"drafting": "always"}),
+            **args.specextend_keys,
+        },
     }
 
 
@@ -107,7 +115,13 @@ def step_records(llm: Any) -> list[dict[str, Any]]:
 
 
 def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
-    variants = {f"specextend_{policy}": {"policy": policy} for policy in POLICIES}
+    """With --at-defaults, specextend runs at the keys it is given and is never
+    reconfigured, so its choosers keep what they learned from one prompt to the next."""
+    variants = (
+        {}
+        if args.at_defaults
+        else {f"specextend_{policy}": {"policy": policy} for policy in args.policies}
+    )
     return run_lengths(args, target, tokenizer, engine_configs(draft, args), variants, "speed")
 
 
@@ -171,19 +185,16 @@ def run_lengths(
     engine runs every variant on one prefill, the first variant paying for it."""
     from tqdm import tqdm
 
-    from benchmarks.assets import long_texts
-
-    texts = long_texts()
     prompts = [
-        {"length": length, "text": name, "token_ids": summary_prompt(tokenizer, texts[name], length)}
+        {"length": length, "genre": genre, "text": name, "token_ids": summary_prompt(tokenizer, text, length)}
         for length in args.lengths
-        for name in args.texts[: args.texts_per_length]
+        for genre, name, text in prompt_texts(args)
     ]
     configs = {name: config for name, config in configs.items() if name in args.methods}
     runs: list[dict[str, Any]] = []
     max_model_len = max(args.lengths) + args.max_tokens + 64
     runs_per_prompt = sum(
-        len(specextend_variants_keys) if name == "specextend" else 1 for name in configs
+        max(len(specextend_variants_keys), 1) if name == "specextend" else 1 for name in configs
     )
     with tqdm(total=len(prompts) * runs_per_prompt, desc=description) as progress:
         for engine_name, speculative_config in configs.items():
@@ -193,7 +204,7 @@ def run_lengths(
                 prefill_ttft: float | None = None
                 methods = (
                     specextend_variants(llm, specextend_variants_keys)
-                    if engine_name == "specextend"
+                    if engine_name == "specextend" and specextend_variants_keys
                     else iter([engine_name])
                 )
                 tokens_per_step = (speculative_config or {}).get("num_speculative_tokens", 0) + 1
@@ -215,8 +226,24 @@ def run_lengths(
     return {
         "runs": runs,
         "table": speed_table(runs, args.k),
+        "cells": speed_cells(runs),
         "earlier_args": earlier.get("earlier_args", []) + ([earlier["args"]] if earlier else []),
     }
+
+
+def prompt_texts(args: argparse.Namespace) -> list[tuple[str | None, str, str]]:
+    """(genre, name, text) of each text to prompt with: --texts-per-length texts of each
+    genre of --genres, or else of --texts."""
+    if args.genres:
+        return [
+            (genre, name, text)
+            for genre, by_name in genre_texts(args.genres).items()
+            for name, text in list(by_name.items())[: args.texts_per_length]
+        ]
+    from benchmarks.assets import long_texts
+
+    texts = long_texts()
+    return [(None, name, texts[name]) for name in args.texts[: args.texts_per_length]]
 
 
 def results_path(args: argparse.Namespace) -> Path:
@@ -235,6 +262,7 @@ def measure_one(
     run = {
         "method": method,
         "length": prompt["length"],
+        "genre": prompt["genre"],
         "text": prompt["text"],
         "wall_s": wall_s,
         "ttft_s": request.ttft_s,
@@ -301,6 +329,52 @@ def speed_table(runs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
             ref = next((r for r in rows if r["method"] == reference and r["length"] == row["length"]), None)
             if ref:
                 row[f"decode_vs_{reference}"] = row["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+    return rows
+
+
+def speed_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per method, length and text: the median decode tokens/s of the repeats with
+    their range, and its ratio to no speculation's, to `draft_model`'s and to the faster
+    of the two on the same prompt (the aims of issue 20 are read cell by cell)."""
+    cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        cells.setdefault((run["method"], run["length"], run["text"]), []).append(run)
+    rows = []
+    for (method, length, text), group in cells.items():
+        rates = [(len(r["tokens"]) - 1) / r["decode_s"] for r in group]
+        steps = [r["time_per_step"] for r in group if r["time_per_step"]]
+        requests = [
+            engine.RequestFigures(r["tokens"], r["ttft_s"], r["decode_s"], r["accepted_per_step"], r["drafted_per_step"])
+            for r in group
+        ]
+        rows.append(
+            {
+                "method": method,
+                "length": length,
+                "genre": group[0].get("genre"),
+                "text": text,
+                "repeats": len(group),
+                "decode_tokens_per_s": statistics.median(rates),
+                "decode_tokens_per_s_min": min(rates),
+                "decode_tokens_per_s_max": max(rates),
+                "mean_acceptance_length": engine.mean_acceptance_length(requests),
+                "target_forward_ms": 1000 * statistics.median(s["target_forward_s"] for s in steps) if steps else None,
+                "ttft_s": group[0]["engine_ttft_s"],
+                "reduced_draft_steps": sum(r.get("retrieval", {}).get("reduced_draft_steps", 0) for r in group),
+            }
+        )
+    by_key = {(r["method"], r["length"], r["text"]): r for r in rows}
+    for row in rows:
+        baselines = {
+            reference: by_key.get((reference, row["length"], row["text"]))
+            for reference in ("no_speculation", "draft_model")
+        }
+        for reference, baseline in baselines.items():
+            if baseline:
+                row[f"vs_{reference}"] = row["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]
+        if all(baselines.values()):
+            fastest = max(b["decode_tokens_per_s"] for b in baselines.values() if b)
+            row["vs_faster_alternative"] = row["decode_tokens_per_s"] / fastest
     return rows
 
 
@@ -480,6 +554,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("section", choices=[*SECTIONS, "plot"])
     parser.add_argument("--target", type=Path, help="model folder or Hugging Face id (default: Qwen2.5-Coder 1.5B)")
     parser.add_argument("--draft", type=Path, help="model folder or Hugging Face id (default: Qwen2.5-Coder 0.5B)")
+    parser.add_argument(
+        "--draft-precision",
+        choices=("fp32", "int8"),
+        default="fp32",
+        help="the default Qwen draft as it is, or quantized to int8 (the cheap draft)",
+    )
     parser.add_argument("-k", type=int, help="num_speculative_tokens (default: 3 for tiny_draft, else 4)")
     parser.add_argument(
         "--methods", nargs="+", choices=ENGINES, default=list(ENGINES), help="speed, tiny_draft: engines to run"
@@ -492,6 +572,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lengths", type=int, nargs="+", help="prompt lengths in tokens")
     parser.add_argument("--max-tokens", type=int, help="new tokens per request")
     parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name")
+    parser.add_argument(
+        "--genres", nargs="+", choices=list(GENRES), help="speed: prompt with these genres' texts instead of --texts"
+    )
+    parser.add_argument(
+        "--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="speed: the specextend policies to run"
+    )
+    parser.add_argument(
+        "--at-defaults",
+        action="store_true",
+        help="speed: specextend at its default keys (with --specextend-keys), never reconfigured",
+    )
     parser.add_argument("--texts-per-length", type=int, default=2, help="speed, tiny_draft: prompts per length")
     parser.add_argument(
         "--repeats",
@@ -536,7 +627,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from benchmarks.assets import qwen_pair, tiny_draft
+    from benchmarks.assets import int8_draft, qwen_pair, tiny_draft
     from benchmarks.plots import plot_speed
 
     args = parse_args()
@@ -550,6 +641,8 @@ def main() -> None:
         default_draft, default_target = qwen_pair()
         if args.section == "tiny_draft":
             default_draft = tiny_draft()
+        elif args.draft_precision == "int8":
+            default_draft = int8_draft()
         draft, target = args.draft or default_draft, args.target or default_target
     tokenizer = AutoTokenizer.from_pretrained(target)
     results = SECTIONS[args.section](args, draft, target, tokenizer)
@@ -562,6 +655,8 @@ def main() -> None:
     path = results_path(args)
     path.write_text(json.dumps(record, indent=1))
     print_table(results["table"])
+    if results.get("cells"):
+        print_table(results["cells"])
     print(f"saved {path}")
     if args.section in ("speed", "tiny_draft", "verification", "trees"):
         for png in plot_speed(path):

@@ -29,9 +29,11 @@ CHOICE_KEYS: Mapping[str, Any] = {
     "draft_prefill": DraftPrefill,
 }
 
+# How the target verifies: hybrid attention, vLLM's, or the faster of the two as measured.
+Verification = Literal["hybrid", "native", "measured"]
 # What `verification_attention: auto` means per device type; see `SpecExtendConfig`.
-AUTO_VERIFICATION_ATTENTION: Mapping[str, Literal["hybrid", "native"]] = {
-    "cpu": "hybrid",
+AUTO_VERIFICATION_ATTENTION: Mapping[str, Verification] = {
+    "cpu": "measured",
     "cuda": "native",
 }
 
@@ -80,10 +82,12 @@ class SpecExtendConfig:
     verification_attention: how the target's attention layers verify drafts. `hybrid`:
         hybrid tree attention (the drafted tokens attend to the cached prefix through one
         paged kernel that returns its log-sum-exp, to each other under a causal mask, and
-        the two parts merge exactly). `native`: vLLM's attention backend. `auto`: hybrid
-        on CPU, where vLLM's kernel does not split a multi-token query over a long prefix
-        across threads; native on GPU, where FlashAttention already verifies a chain
-        causally at full speed.
+        the two parts merge exactly). `native`: vLLM's attention backend. `auto`: on
+        CPU, whichever of the two measures faster per size of the batch's context (vLLM's
+        kernel does not split a multi-token query over a long prefix across threads:
+        hybrid wins on long contexts, vLLM's on short ones; `algorithm.verification_choice`);
+        native on GPU, where FlashAttention already verifies a chain causally at full
+        speed. Token trees are verified by hybrid attention.
     drafting: `auto` drafts `num_speculative_tokens` tokens per step where drafting pays
         and none where it does not, per batch size, from the measured step times and
         acceptance (vLLM's `num_speculative_tokens_per_batch_size` schedule instead, where
@@ -377,7 +381,7 @@ class SpecExtendConfig:
                 f"{rope_type!r}. Use positions 'auto' or 'absolute'."
             )
 
-    def verification_attention_on(self, device_type: str) -> Literal["hybrid", "native"]:
+    def verification_attention_on(self, device_type: str) -> Verification:
         """`auto` is hybrid for trees on every device."""
         if self.verification_attention != "auto":
             return self.verification_attention
@@ -387,7 +391,7 @@ class SpecExtendConfig:
 
     def exact_verification_attention(
         self, blockers: Sequence[str], device_type: str
-    ) -> Literal["hybrid", "native"]:
+    ) -> Verification:
         """The verification attention that verifies exactly on a target whose attention
         does `blockers` (what hybrid attention does not reproduce: a sliding window, a
         quantized KV cache, ...). vLLM's attention verifies a chain exactly, never a tree:
@@ -395,6 +399,8 @@ class SpecExtendConfig:
 
         >>> SpecExtendConfig().exact_verification_attention(["sliding window"], "cpu")
         'native'
+        >>> SpecExtendConfig().exact_verification_attention([], "cpu")
+        'measured'
         """
         wanted = self.verification_attention_on(device_type)
         if wanted == "native" or not blockers:

@@ -46,6 +46,9 @@ class SpecExtendCounts:
     """Wall clock of the scorer calls, seconds."""
     hybrid_verifications: int = 0
     """Target forward passes that verified drafts through hybrid tree attention."""
+    native_verifications: int = 0
+    """Target forward passes that `verification_attention: auto` chose to verify on vLLM's
+    attention."""
     reduced_verified_drafts: int = 0
     """Draft tokens drafted on a reduced cache that the target verified."""
     reduced_accepted_drafts: int = 0
@@ -82,6 +85,7 @@ class SpecExtendCounts:
             "scorer_calls": self.scorer_calls,
             "scorer_seconds": self.scorer_seconds,
             "hybrid_verifications": self.hybrid_verifications,
+            "native_verifications": self.native_verifications,
             "reduced_verified_drafts": self.reduced_verified_drafts,
             "reduced_accepted_drafts": self.reduced_accepted_drafts,
             "full_verified_drafts": self.full_verified_drafts,
@@ -159,6 +163,9 @@ class RetrievalMetrics:
 
     def record_hybrid_verification(self) -> None:
         self._new.hybrid_verifications += 1
+
+    def record_native_verification(self) -> None:
+        self._new.native_verifications += 1
 
     def record_scoring(self, seconds: float) -> None:
         self._new.scorer_calls += 1

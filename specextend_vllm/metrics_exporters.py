@@ -49,6 +49,10 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:specextend_hybrid_verifications",
         "Target forward passes that verified drafts through hybrid tree attention.",
     ),
+    "native_verifications": (
+        "vllm:specextend_native_verifications",
+        "Target forward passes that verification_attention auto chose to verify on vLLM's attention.",
+    ),
     "reduced_verified_drafts": (
         "vllm:specextend_reduced_verified_drafts",
         "Draft tokens drafted on a reduced cache that the target verified.",
@@ -117,7 +121,7 @@ class SpecExtendLogging:
             log_fn(
                 "Engine %03d: SpecExtend metrics: Retrievals: %d, Reduced draft steps: %d "
                 "(compact positions: %d), Full draft steps: %d, Mean kept tokens: %.1f of "
-                "%.1f context tokens, Scorer: %d calls, %.3f s, Hybrid verifications: %d, "
+                "%.1f context tokens, Scorer: %d calls, %.3f s, Verifications: %d hybrid, %d native, "
                 "Accepted drafts: %d of %d on reduced caches, %d of %d on full caches, "
                 "Skipped draft steps: %d, Catch-up: %d passes, %d tokens",
                 engine_idx,
@@ -130,6 +134,7 @@ class SpecExtendLogging:
                 counts.scorer_calls,
                 counts.scorer_seconds,
                 counts.hybrid_verifications,
+                counts.native_verifications,
                 counts.reduced_accepted_drafts,
                 counts.reduced_verified_drafts,
                 counts.full_accepted_drafts,

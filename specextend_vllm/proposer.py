@@ -151,6 +151,7 @@ class SpecExtendProposer(DraftModelProposer):
             self.max_drafts + 1,
             self.device,
             self.metrics.record_hybrid_verification,
+            self.metrics.record_native_verification,
             self.tree_session,
         )
         self.verification.find_blockers()

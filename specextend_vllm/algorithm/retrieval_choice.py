@@ -21,11 +21,9 @@ and its step is measured for that bucket, so batches that mix lengths measure to
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from specextend_vllm.algorithm.exploration import Exploration, MovingAverage, keeps_preference
+from specextend_vllm.algorithm.exploration import TwoWayChoice, TwoWaySchedule
 
 # Buckets of context lengths from activation_length up; longer contexts share the last.
 NUM_LENGTH_BUCKETS = 8
@@ -59,48 +57,16 @@ def length_buckets(context_lens: torch.Tensor, activation_length: int) -> torch.
     return torch.where(multiples > 0, buckets.clamp(max=NUM_LENGTH_BUCKETS - 1), -1)
 
 
-@dataclasses.dataclass
-class WayMeasurements:
-    step_s: MovingAverage = dataclasses.field(default_factory=lambda: MovingAverage(STEP_SMOOTHING))
-    tokens_per_step: MovingAverage = dataclasses.field(
-        default_factory=lambda: MovingAverage(TOKENS_SMOOTHING)
-    )
-
-    @property
-    def samples(self) -> int:
-        return self.step_s.samples
-
-    def add(self, step_seconds: float, tokens_per_step: float) -> None:
-        self.step_s.add(step_seconds)
-        self.tokens_per_step.add(tokens_per_step)
-
-    def tokens_per_second(self) -> float:
-        return self.tokens_per_step.value / self.step_s.value
-
-
-@dataclasses.dataclass
-class LengthBucket:
-    full: WayMeasurements = dataclasses.field(default_factory=WayMeasurements)
-    reduced: WayMeasurements = dataclasses.field(default_factory=WayMeasurements)
-    prefers_reduced: bool = False
-    exploration: Exploration = dataclasses.field(
-        default_factory=lambda: Exploration(FIRST_EXPLORATION_PERIOD, EXPLORATION_PERIOD)
-    )
-
-    def measured(self) -> bool:
-        return self.full.samples >= MIN_SAMPLES and self.reduced.samples >= MIN_SAMPLES
-
-    def reduces(self) -> bool:
-        """Each choice in turns until both are measured (the full cache first), then the
-        preferred one, or the other one while exploring."""
-        if self.full.samples >= MIN_SAMPLES > self.reduced.samples:
-            return True
-        if self.reduced.samples >= MIN_SAMPLES > self.full.samples:
-            return False
-        if not self.measured():
-            turn = (self.full.samples + self.reduced.samples) // MEASURING_TURN
-            return turn % 2 == 1
-        return self.prefers_reduced != self.exploration.exploring
+# How each bucket measures its two ways, the full cache first.
+SCHEDULE = TwoWaySchedule(
+    min_samples=MIN_SAMPLES,
+    measuring_turn=MEASURING_TURN,
+    exploration_steps=EXPLORATION_STEPS,
+    first_period=FIRST_EXPLORATION_PERIOD,
+    max_period=EXPLORATION_PERIOD,
+    step_smoothing=STEP_SMOOTHING,
+    tokens_smoothing=TOKENS_SMOOTHING,
+)
 
 
 class RetrievalChooser:
@@ -125,7 +91,8 @@ class RetrievalChooser:
 
     def __init__(self, activation_length: int):
         self.activation_length = activation_length
-        self.buckets = [LengthBucket() for _ in range(NUM_LENGTH_BUCKETS)]
+        # Per bucket: the full cache (the first way) against the reduced one (the second).
+        self.buckets = [TwoWayChoice(SCHEDULE) for _ in range(NUM_LENGTH_BUCKETS)]
 
     def batch_bucket(self, context_lens: torch.Tensor) -> int:
         """[R] context lengths -> the bucket holding most of the context tokens of the
@@ -146,7 +113,7 @@ class RetrievalChooser:
     def reduces(self, bucket_index: int) -> bool:
         """Whether the requests of a batch whose bucket is `bucket_index` draft on the
         reduced cache now."""
-        return self.buckets[bucket_index].reduces()
+        return self.buckets[bucket_index].uses_second()
 
     def record_step(
         self, bucket_index: int, reduced: bool, step_seconds: float, tokens_per_step: float
@@ -154,16 +121,4 @@ class RetrievalChooser:
         """One decoding step of a batch whose bucket is `bucket_index`, whose requests
         drafted on the reduced cache (or all on the full one), then verified: it took
         `step_seconds` and gave each request `tokens_per_step` tokens on average."""
-        bucket = self.buckets[bucket_index]
-        (bucket.reduced if reduced else bucket.full).add(step_seconds, tokens_per_step)
-        if bucket.measured():
-            preferred = bucket.prefers_reduced
-            reduced_rate = bucket.reduced.tokens_per_second()
-            full_rate = bucket.full.tokens_per_second()
-            bucket.prefers_reduced = keeps_preference(preferred, reduced_rate, full_rate)
-            win = reduced_rate / full_rate
-            bucket.exploration.count_step(
-                bucket.prefers_reduced != preferred,
-                win if bucket.prefers_reduced else 1 / win,
-                EXPLORATION_STEPS,
-            )
+        self.buckets[bucket_index].record(reduced, step_seconds, tokens_per_step)

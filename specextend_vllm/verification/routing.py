@@ -1,6 +1,7 @@
 """Every target attention layer gets a hybrid verification path on its seam; whether the
-layers compute through it (`hybrid`) or stay on vLLM's kernel (`native`) follows
-`verification_attention` once the layers' backends and cache layouts are known."""
+layers compute through it (`hybrid`), stay on vLLM's kernel (`native`) or take the faster
+of the two as measured per step (`measured`) follows `verification_attention` once the
+layers' backends and cache layouts are known."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ from collections.abc import Callable
 
 import torch
 
+from specextend_vllm.algorithm.verification_choice import VerificationChooser
 from specextend_vllm.config import SpecExtendConfig
 from specextend_vllm.verification.hybrid import HybridVerificationAttention, TreeMasks
+from specextend_vllm.verification.measured import (
+    MeasuredVerificationAttention,
+    MeasuredVerificationStep,
+)
 from specextend_vllm.verification.prefix_attention import prefix_attention_for
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.attention import (
@@ -22,7 +28,8 @@ from specextend_vllm.vllm_access.attention_seam import AttentionLayerSeam, atten
 class VerificationRouting:
     """target_layers: the target's attention layers; max_verified_tokens: drafts + 1 per
     request; on_verification: called once per hybrid verification (first layer only);
-    tree_masks: with token trees, who holds the step's masks."""
+    on_native_verification: called once per verification on vLLM's attention that
+    `measured` chose; tree_masks: with token trees, who holds the step's masks."""
 
     def __init__(
         self,
@@ -30,6 +37,7 @@ class VerificationRouting:
         max_verified_tokens: int,
         device: torch.device,
         on_verification: Callable[[], None],
+        on_native_verification: Callable[[], None],
         tree_masks: TreeMasks | None,
     ):
         prefix_attention = prefix_attention_for(device)
@@ -48,7 +56,9 @@ class VerificationRouting:
             )
             for index, layer in enumerate(target_layers)
         ]
+        self._on_native_verification = on_native_verification
         self._blockers: list[str] = []
+        self.measured_step: MeasuredVerificationStep | None = None
 
     def find_blockers(self) -> None:
         """What keeps hybrid attention from verifying exactly, read off the target's
@@ -68,6 +78,17 @@ class VerificationRouting:
     def route(self, config: SpecExtendConfig) -> None:
         """Raises where the config asks for an attention the layers cannot verify exactly."""
         verification = config.exact_verification_attention(self._blockers, self.device_type)
-        for seam, path in self._paths:
-            seam.compute_with(path if verification == "hybrid" else None)
+        self.measured_step = None
+        if verification == "measured":
+            self.measured_step = MeasuredVerificationStep(
+                VerificationChooser(), self._on_native_verification
+            )
+        for index, (seam, path) in enumerate(self._paths):
+            if verification == "measured":
+                assert self.measured_step is not None
+                seam.compute_with(
+                    MeasuredVerificationAttention(path, self.measured_step, starts_step=index == 0)
+                )
+            else:
+                seam.compute_with(path if verification == "hybrid" else None)
         logger.info("SpecExtend: verification attention %s", verification)

@@ -86,6 +86,7 @@ def test_the_front_end_counts_equal_the_workers_totals(front_end: dict[str, Any]
         "full_draft_steps",
         "scorer_calls",
         "hybrid_verifications",
+        "native_verifications",
         "reduced_verified_drafts",
         "reduced_accepted_drafts",
         "full_verified_drafts",

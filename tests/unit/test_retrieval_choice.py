@@ -60,7 +60,7 @@ def test_context_lengths_are_measured_apart_and_short_requests_are_never_reduced
     chooser = new_chooser()
     run_steps(chooser, 3000, 60, reduced=(0.50, 2.0), full=(0.52, 3.0))
     run_steps(chooser, 12000, 60, reduced=(0.55, 2.5), full=(0.80, 2.5))
-    assert not chooser.buckets[0].prefers_reduced and chooser.buckets[2].prefers_reduced
+    assert not chooser.buckets[0].prefers_second and chooser.buckets[2].prefers_second
     assert chooser.batch_bucket(torch.tensor([1000, 2047])) == -1
 
 
