@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import statistics
 
 # After a choice is made, the other one is measured again for a few steps after a first
 # period of steps, then after twice as many each time the choice holds, up to a longest
@@ -95,17 +97,42 @@ class Exploration:
                 self.steps_since = 0
 
 
+class RecentMedian:
+    """The median of the last `window` measurements: a step slowed down by a pause of the
+    process, or of the machine, moves it by one rank rather than by its size.
+
+    >>> times = RecentMedian(window=4)
+    >>> for seconds in (0.010, 0.011, 0.200, 0.012, 0.010):
+    ...     times.add(seconds)
+    >>> times.value, times.samples
+    (0.0115, 5)
+    """
+
+    def __init__(self, window: int):
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.samples = 0
+
+    def add(self, measurement: float) -> None:
+        self._recent.append(measurement)
+        self.samples += 1
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self._recent)
+
+
 @dataclasses.dataclass
 class WayMeasurements:
-    """One way's step time and tokens per step (1 + accepted drafts), as moving averages."""
+    """One way's step time (the median of its recent steps) and tokens per step (1 +
+    accepted drafts, a moving average)."""
 
-    step_smoothing: dataclasses.InitVar[float]
+    step_window: dataclasses.InitVar[int]
     tokens_smoothing: dataclasses.InitVar[float]
-    step_s: MovingAverage = dataclasses.field(init=False)
+    step_s: RecentMedian = dataclasses.field(init=False)
     tokens_per_step: MovingAverage = dataclasses.field(init=False)
 
-    def __post_init__(self, step_smoothing: float, tokens_smoothing: float) -> None:
-        self.step_s = MovingAverage(step_smoothing)
+    def __post_init__(self, step_window: int, tokens_smoothing: float) -> None:
+        self.step_s = RecentMedian(step_window)
         self.tokens_per_step = MovingAverage(tokens_smoothing)
 
     @property
@@ -131,7 +158,7 @@ class TwoWaySchedule:
     exploration_steps: int
     first_period: int
     max_period: int
-    step_smoothing: float
+    step_window: int
     tokens_smoothing: float
 
 
@@ -143,7 +170,7 @@ class TwoWayChoice:
     two turns of 2 steps each, the second is preferred and run; the first is explored again
     after 4 steps, for 2:
 
-    >>> choice = TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 0.5, 0.5))
+    >>> choice = TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 2, 0.5))
     >>> ways = []
     >>> for _ in range(12):
     ...     second = choice.uses_second()
@@ -155,8 +182,8 @@ class TwoWayChoice:
 
     def __init__(self, schedule: TwoWaySchedule):
         self.schedule = schedule
-        self.first = WayMeasurements(schedule.step_smoothing, schedule.tokens_smoothing)
-        self.second = WayMeasurements(schedule.step_smoothing, schedule.tokens_smoothing)
+        self.first = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
+        self.second = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
         self.prefers_second = False
         self.exploration = Exploration(schedule.first_period, schedule.max_period)
 

@@ -27,7 +27,8 @@ from specextend_vllm.algorithm.exploration import TwoWayChoice, TwoWaySchedule
 
 # Buckets of context lengths from activation_length up; longer contexts share the last.
 NUM_LENGTH_BUCKETS = 8
-STEP_SMOOTHING = 0.2
+# A way's step time: the median of its last 8 steps (two selections' worth).
+STEP_WINDOW = 8
 # Tokens per step vary from 1 to k + 1 from one step to the next, and the two choices'
 # acceptance is often within 10% of each other: a long average.
 TOKENS_SMOOTHING = 0.02
@@ -64,7 +65,7 @@ SCHEDULE = TwoWaySchedule(
     exploration_steps=EXPLORATION_STEPS,
     first_period=FIRST_EXPLORATION_PERIOD,
     max_period=EXPLORATION_PERIOD,
-    step_smoothing=STEP_SMOOTHING,
+    step_window=STEP_WINDOW,
     tokens_smoothing=TOKENS_SMOOTHING,
 )
 

@@ -21,14 +21,15 @@ NUM_CONTEXT_BUCKETS = 8
 # Context tokens below which a batch falls into the first bucket (twice this and more
 # into the next ones).
 FIRST_BUCKET_TOKENS = 2048
-# The attention's time hardly varies from one step to the next: few samples suffice.
+# The attention's time hardly varies from one step to the next: few samples suffice,
+# their median (of the last 4) against a pause of the process.
 SCHEDULE = TwoWaySchedule(
     min_samples=4,
     measuring_turn=2,
     exploration_steps=2,
     first_period=16,
     max_period=256,
-    step_smoothing=0.2,
+    step_window=4,
     tokens_smoothing=1.0,
 )
 
