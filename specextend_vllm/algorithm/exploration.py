@@ -1,4 +1,6 @@
-"""When a choice between two ways of running a step, once made, tries the other again."""
+"""Choosing between two ways of running a step from measured steps of each
+(`TwoWayChoice`, for `retrieval: auto` and `verification_attention: auto`), and when a
+choice, once made, tries the other again (`Exploration`, also for `drafting: auto`)."""
 
 from __future__ import annotations
 

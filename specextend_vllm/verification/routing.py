@@ -58,7 +58,6 @@ class VerificationRouting:
         ]
         self._on_native_verification = on_native_verification
         self._blockers: list[str] = []
-        self.measured_step: MeasuredVerificationStep | None = None
 
     def find_blockers(self) -> None:
         """What keeps hybrid attention from verifying exactly, read off the target's
@@ -78,17 +77,10 @@ class VerificationRouting:
     def route(self, config: SpecExtendConfig) -> None:
         """Raises where the config asks for an attention the layers cannot verify exactly."""
         verification = config.exact_verification_attention(self._blockers, self.device_type)
-        self.measured_step = None
-        if verification == "measured":
-            self.measured_step = MeasuredVerificationStep(
-                VerificationChooser(), self._on_native_verification
-            )
+        measured_step = MeasuredVerificationStep(VerificationChooser(), self._on_native_verification)
         for index, (seam, path) in enumerate(self._paths):
             if verification == "measured":
-                assert self.measured_step is not None
-                seam.compute_with(
-                    MeasuredVerificationAttention(path, self.measured_step, starts_step=index == 0)
-                )
+                seam.compute_with(MeasuredVerificationAttention(path, measured_step, index == 0))
             else:
                 seam.compute_with(path if verification == "hybrid" else None)
         logger.info("SpecExtend: verification attention %s", verification)
