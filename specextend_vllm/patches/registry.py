@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from vllm.platforms import current_platform
 
-from specextend_vllm.patches import config, entrypoints, metrics, runner, sampler, scheduler
+from specextend_vllm.patches import (
+    config,
+    entrypoints,
+    metrics,
+    quantization,
+    runner,
+    sampler,
+    scheduler,
+)
 from specextend_vllm.patches.base import VllmPatch
 from specextend_vllm.profiling import step_timings_enabled
 
@@ -41,7 +49,10 @@ STEP_TIMING_PATCHES: tuple[type[VllmPatch], ...] = (
     metrics.WorkerReportsStepTimings,
 )
 
-CPU_PATCHES: tuple[type[VllmPatch], ...] = (sampler.ExpandBatchToTokensOnCpu,)
+CPU_PATCHES: tuple[type[VllmPatch], ...] = (
+    sampler.ExpandBatchToTokensOnCpu,
+    quantization.Int8LayersOfFp32ModelsOnOneDnn,
+)
 
 ALL_PATCHES = PATCHES + STEP_TIMING_PATCHES + CPU_PATCHES
 

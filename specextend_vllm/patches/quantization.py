@@ -1,0 +1,34 @@
+"""Quantized linear layers on CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.kernels.linear.scaled_mm import cpu as cpu_scaled_mm
+
+from specextend_vllm.patches.base import VllmPatch
+
+# Activation dtypes that vLLM's AMX int8 kernel (`int8_scaled_mm_with_quant`) takes.
+AMX_INT8_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class Int8LayersOfFp32ModelsOnOneDnn(VllmPatch):
+    """On x86 CPUs with AMX, vLLM 0.32 runs int8 W8A8 layers (a compressed-tensors
+    checkpoint: the cheap int8 draft) through its AMX kernel, `int8_scaled_mm_with_quant`,
+    which takes bf16 or fp16 activations only: a model in fp32 crashes at its first forward
+    ("expect A to be bfloat16 or half"). The check that picks the kernel reads the weight's
+    dtype (int8), never the activations'. With other activations the layer takes the
+    oneDNN kernel instead, the one vLLM takes on CPUs without AMX. The model's dtype is the
+    default dtype while vLLM loads it (the oneDNN path reads it there too)."""
+
+    target = cpu_scaled_mm.CPUInt8ScaledMMLinearKernel
+    attribute = "process_weights_after_loading"
+
+    @staticmethod
+    def replacement(self: Any, layer: torch.nn.Module) -> None:
+        if torch.get_default_dtype() in AMX_INT8_ACTIVATION_DTYPES:
+            return Int8LayersOfFp32ModelsOnOneDnn.original(self, layer)
+        self.linear_method = self._apply_weights_onednn
+        self.process_weights_for_onednn(layer)
+        return None
