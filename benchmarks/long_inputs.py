@@ -12,8 +12,14 @@
 Methods, on the same prompts: no speculation, vLLM's `draft_model`, and `specextend` with
 policies `cmr`, `streaming` and `full`. The three policies share one engine and one prefill
 per prompt (`specextend_vllm.reconfigure` switches them); `cmr` runs first and pays the
-prefill, so the others' time to first token is taken from it. Each section saves its raw
-figures and the machine's description under benchmarks/results/.
+prefill, so the others' time to first token is taken from it. `speed --at-defaults` runs
+`specextend` at its default keys instead (`drafting` and `retrieval` choosing themselves,
+never reconfigured, so its choosers keep what they learned from one prompt to the next);
+`--genres` prompts with texts of the genres in `benchmarks.genres`, and `--draft-precision
+int8` takes the int8 draft. Each section saves its raw figures and the machine's
+description under benchmarks/results/; `speed` adds a cell per method and prompt (median
+decode tokens/s of the repeats, their range, and the ratio to the faster of no speculation
+and `draft_model`).
 """
 
 from __future__ import annotations
