@@ -292,6 +292,13 @@ def measure_one(
     return run
 
 
+def request_figures(runs: list[dict[str, Any]]) -> list[engine.RequestFigures]:
+    return [
+        engine.RequestFigures(r["tokens"], r["ttft_s"], r["decode_s"], r["accepted_per_step"], r["drafted_per_step"])
+        for r in runs
+    ]
+
+
 def speed_table(runs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     baseline_tokens = {(r["length"], r["text"]): r["tokens"] for r in runs if r["method"] == "no_speculation"}
     rows = []
@@ -300,10 +307,7 @@ def speed_table(runs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
             group = [r for r in runs if r["method"] == method and r["length"] == length]
             if not group:
                 continue
-            requests = [
-                engine.RequestFigures(r["tokens"], r["ttft_s"], r["decode_s"], r["accepted_per_step"], r["drafted_per_step"])
-                for r in group
-            ]
+            requests = request_figures(group)
             generated = sum(len(r["tokens"]) for r in group)
             repeats = sorted({r.get("repeat", 0) for r in group})
             rate_per_repeat = [
@@ -349,10 +353,7 @@ def speed_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (method, length, text), group in cells.items():
         rates = [(len(r["tokens"]) - 1) / r["decode_s"] for r in group]
         steps = [r["time_per_step"] for r in group if r["time_per_step"]]
-        requests = [
-            engine.RequestFigures(r["tokens"], r["ttft_s"], r["decode_s"], r["accepted_per_step"], r["drafted_per_step"])
-            for r in group
-        ]
+        requests = request_figures(group)
         rows.append(
             {
                 "method": method,

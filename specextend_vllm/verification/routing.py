@@ -22,7 +22,11 @@ from specextend_vllm.vllm_access.attention import (
     hybrid_cache_layout_blocker,
     plain_attention_blockers,
 )
-from specextend_vllm.vllm_access.attention_seam import AttentionLayerSeam, attention_layer_seam
+from specextend_vllm.vllm_access.attention_seam import (
+    AttentionLayerSeam,
+    AttentionPath,
+    attention_layer_seam,
+)
 
 
 class VerificationRouting:
@@ -77,10 +81,15 @@ class VerificationRouting:
     def route(self, config: SpecExtendConfig) -> None:
         """Raises where the config asks for an attention the layers cannot verify exactly."""
         verification = config.exact_verification_attention(self._blockers, self.device_type)
-        measured_step = MeasuredVerificationStep(VerificationChooser(), self._on_native_verification)
-        for index, (seam, path) in enumerate(self._paths):
-            if verification == "measured":
-                seam.compute_with(MeasuredVerificationAttention(path, measured_step, index == 0))
-            else:
-                seam.compute_with(path if verification == "hybrid" else None)
+        paths: list[AttentionPath | None]
+        if verification == "measured":
+            step = MeasuredVerificationStep(VerificationChooser(), self._on_native_verification)
+            paths = [
+                MeasuredVerificationAttention(path, step, starts_step=index == 0)
+                for index, (_, path) in enumerate(self._paths)
+            ]
+        else:
+            paths = [path if verification == "hybrid" else None for _, path in self._paths]
+        for (seam, _), path in zip(self._paths, paths):
+            seam.compute_with(path)
         logger.info("SpecExtend: verification attention %s", verification)
