@@ -9,8 +9,9 @@ pass, a cost that falls on the first drafting step, which is not measured). Draf
 
 Both step times depend on the batch size (on a CPU the target becomes compute-bound as the
 batch grows, and verifying k + 1 tokens per request costs up to k + 1 times a plain step),
-so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...). Acceptance depends on
-the requests, not the batch size: one moving average for all. Each bucket measures drafting
+so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...), each as the median of
+its recent steps (a pause of the process moves a median by one rank, not by its size).
+Acceptance depends on the requests, not the batch size: one moving average for all. Each bucket measures drafting
 first, then not drafting, then keeps the better one and tries the other again for a few
 steps after a number of steps that starts small and doubles while the choice holds
 (`algorithm.exploration`), so a wrong first choice is left quickly and a changed workload
@@ -25,11 +26,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from specextend_vllm.algorithm.exploration import Exploration, MovingAverage, keeps_preference
+from specextend_vllm.algorithm.exploration import (
+    Exploration,
+    MovingAverage,
+    RecentMedian,
+    keeps_preference,
+)
 
-# Weight of a new measurement in the moving averages of step times and of tokens per
-# drafting step (which vary more: 1 to k + 1 from one step to the next).
-SMOOTHING = 0.2
+# Recent steps whose median is a choice's step time: a drafting step is measured at every
+# step while drafting is kept, a plain one a few steps per exploration.
+DRAFTING_STEP_WINDOW = 8
+PLAIN_STEP_WINDOW = 4
+# Weight of a new measurement in the moving average of tokens per drafting step (1 to
+# k + 1 from one step to the next).
 TOKENS_SMOOTHING = 0.05
 # Steps measured with each choice before the bucket compares them: more for drafting,
 # whose tokens per step vary from 1 to k + 1 from one step to the next (three steps that
@@ -58,11 +67,11 @@ def batch_size_bucket(batch_size: int) -> int:
 
 @dataclasses.dataclass
 class BucketState:
-    drafting_step_s: MovingAverage = dataclasses.field(
-        default_factory=lambda: MovingAverage(SMOOTHING)
+    drafting_step_s: RecentMedian = dataclasses.field(
+        default_factory=lambda: RecentMedian(DRAFTING_STEP_WINDOW)
     )
-    plain_step_s: MovingAverage = dataclasses.field(
-        default_factory=lambda: MovingAverage(SMOOTHING)
+    plain_step_s: RecentMedian = dataclasses.field(
+        default_factory=lambda: RecentMedian(PLAIN_STEP_WINDOW)
     )
     prefers_drafting: bool = True
     plain_exploration: Exploration = dataclasses.field(

@@ -100,14 +100,15 @@ class Exploration:
 
 
 class RecentMedian:
-    """The median of the last `window` measurements: a step slowed down by a pause of the
-    process, or of the machine, moves it by one rank rather than by its size.
+    """The lower median of the last `window` measurements: a step slowed down by a pause
+    of the process, or of the machine, moves it by one rank rather than by its size, and
+    pauses only slow steps down, so up to half of the window may be paused.
 
     >>> times = RecentMedian(window=4)
-    >>> for seconds in (0.010, 0.011, 0.200, 0.012, 0.010):
+    >>> for seconds in (0.010, 0.011, 0.200, 0.012, 0.010, 0.300):
     ...     times.add(seconds)
     >>> times.value, times.samples
-    (0.0115, 5)
+    (0.012, 6)
     """
 
     def __init__(self, window: int):
@@ -120,7 +121,7 @@ class RecentMedian:
 
     @property
     def value(self) -> float:
-        return statistics.median(self._recent)
+        return statistics.median_low(self._recent)
 
 
 @dataclasses.dataclass

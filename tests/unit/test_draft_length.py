@@ -138,3 +138,25 @@ def test_plain_steps_are_measured_again_rarely_while_drafting_pays() -> None:
     scheduled = run_steps(chooser, 1, 128, drafting_s=0.47, plain_s=0.26, tokens=2.5)
     assert scheduled.count(0) <= 12
     assert 0 in scheduled[MEASURING_STEPS : MEASURING_STEPS + PLAIN_FIRST_EXPLORATION_PERIOD + 2]
+
+
+def test_pauses_of_the_process_do_not_turn_the_choice() -> None:
+    """Drafting pays 1.3x (2.6 tokens in 0.26 s against 1 in 0.13 s) and one step in 10,
+    of either choice, takes 10 times as long (the process paused); 20 seeds of 300 steps.
+    Seen: drafting in 0.96 of the steps after measuring (explorations are the rest) in
+    every seed. With step times as a moving average: 0.50-0.90, median 0.78; as the
+    median of 8 steps (not the lower one): 0.74-0.80 in four seeds, where four paused
+    steps of eight made the median their mean."""
+    kept_drafting = []
+    for seed in range(20):
+        rng = random.Random(seed)
+        chooser = DraftLengthChooser(K, max_batch_size=1)
+        scheduled, verified = [], chooser.lookup[1]
+        for _ in range(300):
+            next_drafts = chooser.lookup[1]
+            seconds = (0.26 if verified else 0.13) * (10 if rng.random() < 1 / 10 else 1)
+            chooser.record_step(1, verified, next_drafts, seconds, 2.6 if verified else None)
+            scheduled.append(next_drafts)
+            verified = next_drafts
+        kept_drafting.append(scheduled[MEASURING_STEPS:].count(K) / (300 - MEASURING_STEPS))
+    assert min(kept_drafting) >= 0.9
