@@ -522,6 +522,18 @@ def int8_draft(cache_dir: Path | None = None) -> Path:
     return final
 
 
+def cheap_draft_precision() -> str:
+    """The draft precision that costs less per token here: int8, unless this is a CPU
+    without int8 dot-product instructions, where vLLM's int8 kernels lose to fp32 ones."""
+    import torch
+
+    from specextend_vllm.vllm_access.cpu_int8 import cpu_flags, has_int8_dot_products
+
+    if torch.cuda.is_available() or has_int8_dot_products(cpu_flags()) is not False:
+        return "int8"
+    return "fp32"
+
+
 def draft_vocab(size: int = DRAFT_VOCAB_SIZE, cache_dir: Path | None = None) -> Path:
     """A JSON file of the Qwen draft's `size` most frequent token ids over a held-out
     corpus (``benchmarks.draft_vocab``), for ``speculative_config['draft_vocab']``."""

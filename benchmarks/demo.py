@@ -5,8 +5,10 @@ draft's prefill deferred past the first token, drafting on the reduced cache at 
 (`retrieval: always`, the default before `auto`), drafting every step, and drafting every
 step with the draft's vocabulary cut to its 32K most frequent tokens) on the same prompt and prints output equality, mean acceptance length and decode
 speed (median of `--repeats` decodes of the prompt, after its prefill, with the spread);
-saves the figures as JSON. The draft is the int8 Qwen2.5-Coder 0.5B (the cheap draft),
-`--draft-precision fp32` takes the fp32 one; a last row runs the fp32 draft for comparison.
+saves the figures as JSON. The draft is the Qwen2.5-Coder 0.5B in the precision that costs
+less per token on this machine (`--draft-precision auto`: int8, unless the CPU has no int8
+dot-product instructions, where int8 costs more than fp32); a last row runs the other
+precision for comparison.
 c is what a drafted token costs next to a target step, from the step timings: a step's
 whole proposal (the draft's passes, its LM head, retrieval) over `num_speculative_tokens`,
 over the target's forward in a step without speculation.
@@ -113,7 +115,7 @@ def spec_counts(llm: Any) -> dict[str, float]:
 
 
 def main() -> None:
-    from benchmarks.assets import draft_vocab, int8_draft, qwen_pair
+    from benchmarks.assets import cheap_draft_precision, draft_vocab, int8_draft, qwen_pair
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, default=3000)
@@ -121,7 +123,12 @@ def main() -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--target", type=Path, help="model folder (default: the Qwen2.5-Coder 1.5B)")
     parser.add_argument("--draft", type=Path, help="model folder (default: the Qwen2.5-Coder 0.5B)")
-    parser.add_argument("--draft-precision", choices=("int8", "fp32"), default="int8")
+    parser.add_argument(
+        "--draft-precision",
+        choices=("auto", "int8", "fp32"),
+        default="auto",
+        help="auto: int8 unless this CPU has no int8 dot-product instructions (VNNI, AMX)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--methods", help="comma-separated rows to run (default: all); no_speculation always runs"
@@ -129,6 +136,9 @@ def main() -> None:
     parser.add_argument("--output", type=Path, help="JSON path (default: results/demo.json)")
     args = parser.parse_args()
     fp32_draft, target = (args.draft, args.target) if args.draft and args.target else qwen_pair()
+    if args.draft_precision == "auto":
+        args.draft_precision = cheap_draft_precision()
+    other_precision = "fp32" if args.draft_precision == "int8" else "int8"
     draft = int8_draft() if not args.draft and args.draft_precision == "int8" else fp32_draft
     prompt = long_prompt(target, args.prompt_tokens)
     k = args.num_speculative_tokens
@@ -150,12 +160,14 @@ def main() -> None:
     }
     if not args.draft:
         # The same with the draft's vocabulary cut to its 32K most frequent tokens, and with
-        # the fp32 draft, for comparison.
+        # the draft in the other precision, for comparison.
         methods["specextend_always_vocab32k"] = {
             **methods["specextend_always"], "draft_vocab": str(draft_vocab())
         }
-        if draft != fp32_draft:
-            methods["specextend_always_fp32"] = {**methods["specextend_always"], "model": str(fp32_draft)}
+        other_draft = fp32_draft if other_precision == "fp32" else int8_draft()
+        methods[f"specextend_always_{other_precision}"] = {
+            **methods["specextend_always"], "model": str(other_draft)
+        }
     if args.methods:
         wanted = {"no_speculation", *args.methods.split(",")}
         unknown = sorted(wanted - set(methods))

@@ -8,6 +8,7 @@ import torch
 from vllm.model_executor.kernels.linear.scaled_mm import cpu as cpu_scaled_mm
 
 from specextend_vllm.patches.base import VllmPatch
+from specextend_vllm.vllm_access.cpu_int8 import cpu_flags, warn_int8_layers_without_dot_products
 
 # Activation dtypes that vLLM's AMX int8 kernel (`int8_scaled_mm_with_quant`) takes.
 AMX_INT8_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -20,13 +21,15 @@ class Int8LayersOfFp32ModelsOnOneDnn(VllmPatch):
     ("expect A to be bfloat16 or half"). The check that picks the kernel reads the weight's
     dtype (int8), never the activations'. With other activations the layer takes the
     oneDNN kernel instead, the one vLLM takes on CPUs without AMX. The model's dtype is the
-    default dtype while vLLM loads it (the oneDNN path reads it there too)."""
+    default dtype while vLLM loads it (the oneDNN path reads it there too). On CPUs
+    without int8 dot products the first int8 layer logs that int8 may not pay there."""
 
     target = cpu_scaled_mm.CPUInt8ScaledMMLinearKernel
     attribute = "process_weights_after_loading"
 
     @staticmethod
     def replacement(self: Any, layer: torch.nn.Module) -> None:
+        warn_int8_layers_without_dot_products(cpu_flags())
         if torch.get_default_dtype() in AMX_INT8_ACTIVATION_DTYPES:
             return Int8LayersOfFp32ModelsOnOneDnn.original(self, layer)
         self.linear_method = self._apply_weights_onednn
