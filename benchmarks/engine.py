@@ -28,6 +28,8 @@ def machine() -> dict[str, Any]:
     import torch
     import vllm
 
+    from specextend_vllm.vllm_access.cpu_int8 import cpu_flags, has_int8_dot_products
+
     cpu_model = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -38,6 +40,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu_model,
         "cores": os.cpu_count(),
+        "cpu_int8_dot_products": has_int8_dot_products(cpu_flags()),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "python": platform.python_version(),
         "torch": torch.__version__,
