@@ -9,13 +9,13 @@ pass, a cost that falls on the first drafting step, which is not measured). Draf
 
 Both step times depend on the batch size (on a CPU the target becomes compute-bound as the
 batch grows, and verifying k + 1 tokens per request costs up to k + 1 times a plain step),
-so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...), each as the median of
-its recent steps (a pause of the process moves a median by one rank, not by its size).
-Acceptance depends on the requests, not the batch size: one moving average for all. Each bucket measures drafting
-first, then not drafting, then keeps the better one and tries the other again for a few
-steps after a number of steps that starts small and doubles while the choice holds
-(`algorithm.exploration`), so a wrong first choice is left quickly and a changed workload
-changes it. While drafting is kept its own rate is measured at every step, and a plain
+so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...), each as the lower
+median of its recent steps (a pause of the process moves it by one rank, not by its size).
+Acceptance depends on the requests, not the batch size: one moving average for all. Each
+bucket measures drafting first, then not drafting, then keeps the better one and tries the
+other again for a few steps after a number of steps that starts small and doubles while
+the choice holds (`algorithm.exploration`), so a wrong first choice is left quickly and a
+changed workload changes it. While drafting is kept its own rate is measured at every step, and a plain
 step's time hardly changes (it depends on the batch and the context length, not on the
 text): plain steps are measured again rarely (after 32 steps, up to 256). While not
 drafting is kept, drafting is measured again sooner (after 8 steps, up to 64): only

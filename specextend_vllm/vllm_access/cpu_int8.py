@@ -4,8 +4,8 @@ run int8 layers faster than unquantized ones.
 vLLM 0.32 runs int8 W8A8 layers on CPU through oneDNN, or through its AMX kernel on CPUs
 with AMX. Without AVX512-VNNI, AVX-VNNI or AMX-INT8, oneDNN multiplies int8 in several
 instructions per product: on a Zen 3 EPYC (AVX2 only) the int8 Qwen2.5-Coder 0.5B draft
-took 1.7x the time per token of the same draft unquantized, where on CPUs with VNNI or AMX
-it took 0.56-0.6x (README, What a draft token costs).
+took 1.7x the time per token of the same draft unquantized, where on an earlier machine it
+took 0.56-0.59x (README, What a draft token costs).
 """
 
 from __future__ import annotations
