@@ -1,11 +1,19 @@
 """Choosing between two ways of running a step from measured steps of each
 (`TwoWayChoice`, for `retrieval: auto` and `verification_attention: auto`), and when a
-choice, once made, tries the other again (`Exploration`, also for `drafting: auto`)."""
+choice, once made, tries the other again (`Exploration`, also for `drafting: auto`).
+
+Exploring the worse way costs time: an exploration of E steps, each giving T_e tokens in
+S_e seconds where the kept way gives T_k tokens in S_k, loses E * (S_e / S_k - T_e / T_k)
+kept steps (with w the kept way's measured win in tokens per second, S_e / S_k is
+w * T_e / T_k). Once a choice has been checked again, explorations come at most once in
+the number of steps that keeps that loss within EXPLORATION_BUDGET of them, and at least
+once in LONGEST_BUDGETED_PERIOD steps, whatever the doubling schedule says."""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import statistics
 
 # After a choice is made, the other one is measured again for a few steps after a first
@@ -18,6 +26,10 @@ EXPLORATION_PERIOD = 64
 CLEAR_WIN = 1.5
 # The other choice must measure this much faster to replace the current one.
 SWITCH_MARGIN = 1.05
+# The share of a settled choice's steps its explorations may lose, and the longest period
+# this may stretch the schedule to (a changed workload is found within it).
+EXPLORATION_BUDGET = 0.03
+LONGEST_BUDGETED_PERIOD = 256
 
 
 @dataclasses.dataclass
@@ -53,11 +65,31 @@ def keeps_preference(prefers_first: bool, first_rate: float, second_rate: float)
     return first_rate > SWITCH_MARGIN * second_rate
 
 
+def budgeted_period(steps_to_explore: int, win: float, explored_tokens_ratio: float) -> int:
+    """The fewest steps between explorations of `steps_to_explore` steps of a way that
+    measures `win` times slower in tokens per second than the kept one, its steps giving
+    `explored_tokens_ratio` times the kept one's tokens, for the explorations to lose at
+    most EXPLORATION_BUDGET of those steps; at most LONGEST_BUDGETED_PERIOD.
+
+    Drafting at 1.66 tokens/s, 2.68 tokens a step, against 1.92 plain (a 1.16x win for not
+    drafting): 8 drafting steps lose 3.4 plain steps, so drafting is tried again after
+    115 plain steps. Were drafting the one winning 1.16x, 4 plain steps explored would lose
+    0.24 drafting steps: 8 steps between explorations would do.
+
+    >>> budgeted_period(8, 1.16, 2.68), budgeted_period(4, 1.16, 1 / 2.68)
+    (115, 8)
+    """
+    lost_steps = steps_to_explore * explored_tokens_ratio * max(win - 1.0, 0.0)
+    return min(math.ceil(lost_steps / EXPLORATION_BUDGET), LONGEST_BUDGETED_PERIOD)
+
+
 @dataclasses.dataclass
 class Exploration:
     """Counts the steps of a settled choice until it measures the other one again.
 
-    A choice made (by a win of 1.2x) explores after 8 steps, for 2 steps:
+    A choice made (by a win of 1.2x) explores after 8 steps, for 2 steps, then after 16
+    (twice the period), or after 27 if the other way's steps give twice the tokens (two
+    steps then lose 0.8 kept steps, 3% of 27):
 
     >>> exploration = Exploration()
     >>> exploration.count_step(preference_changed=True, win=1.2, steps_to_explore=2)
@@ -67,6 +99,12 @@ class Exploration:
     ...     explored.append(exploration.exploring)
     >>> explored.index(True), explored.count(True), exploration.period
     (7, 2, 16)
+    >>> exploration = Exploration()
+    >>> exploration.count_step(True, 1.2, 2)
+    >>> for _ in range(12):
+    ...     exploration.count_step(False, 1.2, 2, explored_tokens_ratio=2.0)
+    >>> exploration.period
+    27
     """
 
     first_period: int = FIRST_EXPLORATION_PERIOD
@@ -82,8 +120,15 @@ class Exploration:
     def exploring(self) -> bool:
         return self.exploring_for > 0
 
-    def count_step(self, preference_changed: bool, win: float, steps_to_explore: int) -> None:
-        """One measured step; `win`: how many times faster the preferred choice measures."""
+    def count_step(
+        self,
+        preference_changed: bool,
+        win: float,
+        steps_to_explore: int,
+        explored_tokens_ratio: float = 1.0,
+    ) -> None:
+        """One measured step; `win`: how many times faster the preferred choice measures;
+        `explored_tokens_ratio`: the other choice's tokens per step over the preferred one's."""
         if preference_changed:
             self.exploring_for = 0
             self.steps_since = 0
@@ -91,7 +136,10 @@ class Exploration:
         elif self.exploring_for:
             self.exploring_for -= 1
             if not self.exploring_for:
-                self.period = min(2 * self.period, self.max_period)
+                self.period = max(
+                    min(2 * self.period, self.max_period),
+                    budgeted_period(steps_to_explore, win, explored_tokens_ratio),
+                )
         else:
             self.steps_since += 1
             if self.steps_since >= self.period:
@@ -217,8 +265,10 @@ class TwoWayChoice:
         first_rate = self.first.tokens_per_second()
         self.prefers_second = keeps_preference(preferred, second_rate, first_rate)
         win = second_rate / first_rate
+        tokens_ratio = self.second.tokens_per_step.value / self.first.tokens_per_step.value
         self.exploration.count_step(
             self.prefers_second != preferred,
             win if self.prefers_second else 1 / win,
             self.schedule.exploration_steps,
+            1 / tokens_ratio if self.prefers_second else tokens_ratio,
         )
