@@ -88,12 +88,13 @@ class SpecExtendConfig:
         hybrid wins on long contexts, vLLM's on short ones; `algorithm.verification_choice`);
         native on GPU, where FlashAttention already verifies a chain causally at full
         speed. Token trees are verified by hybrid attention.
-    drafting: `auto` drafts `num_speculative_tokens` tokens per step where drafting pays
-        and none where it does not, per batch size, from the measured step times and
-        acceptance (vLLM's `num_speculative_tokens_per_batch_size` schedule instead, where
-        one is given); `always` drafts every step. Either way a step that drafts nothing
-        does not run the draft; the next step that drafts first writes the draft's KV of
-        the tokens it missed, in one pass.
+    drafting: `auto` drafts, per batch size, the number of tokens per step (0 to
+        `num_speculative_tokens`; a tree all or none) that decodes most tokens per second,
+        from the measured step times and acceptance (vLLM's
+        `num_speculative_tokens_per_batch_size` schedule instead, where one is given);
+        `always` drafts `num_speculative_tokens` every step. Either way a step that drafts
+        nothing does not run the draft; the next step that drafts first writes the
+        draft's KV of the tokens it missed, in one pass.
     draft_prefill: when the draft writes its KV of a prompt. `eager`: with the target's
         prefill, before the first token. `deferred`: not in steps that only prefill; the
         request's first drafting step writes it, after the first token (the first token

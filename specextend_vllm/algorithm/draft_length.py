@@ -1,33 +1,40 @@
-"""Whether drafting pays, per batch size, from measured step times and acceptance.
+"""How many tokens to draft, per batch size, from measured step times and acceptance.
 
-A decoding step with k drafts gives each request `tokens_per_step` tokens (1 + accepted
-drafts) in `step_seconds(k)`; a step with none gives 1 token in `step_seconds(0)` (the draft
-does not run: the next step that drafts first writes its KV of the missed tokens in one
-pass, a cost that falls on the first drafting step, which is not measured). Drafting pays while
-
-    tokens_per_step / step_seconds(k) >= 1 / step_seconds(0).
+A decoding step with j drafts gives each request `tokens(j)` tokens (1 + accepted drafts)
+in `step_seconds(j)`; a step with none gives 1 token in `step_seconds(0)` (the draft does
+not run: the next step that drafts first writes its KV of the missed tokens in one pass, a
+cost that falls on the first drafting step, which is not measured). The chooser drafts the
+j in 0..k giving the most tokens per second, `tokens(j) / step_seconds(j)`.
 
 Both step times depend on the batch size (on a CPU the target becomes compute-bound as the
-batch grows, and verifying k + 1 tokens per request costs up to k + 1 times a plain step),
+batch grows, and verifying j + 1 tokens per request costs up to j + 1 times a plain step),
 so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...), each as the lower
-median of its recent steps (a pause of the process moves it by one rank, not by its size).
-Acceptance depends on the requests, not the batch size: one moving average for all. Each
-bucket measures drafting first, then not drafting, then keeps the better one and tries the
-other again for a few steps after a number of steps that starts small and doubles while
-the choice holds (`algorithm.exploration`), so a wrong first choice is left quickly and a
-changed workload changes it. While drafting is kept its own rate is measured at every step, and a plain
-step's time hardly changes (it depends on the batch and the context length, not on the
-text): plain steps are measured again rarely (after 32 steps, up to 256). While not
-drafting is kept, drafting is measured again sooner (after 8 steps, up to 64): only
-drafting tells whether the draft is accepted again. After the first check, a choice that
-wins clearly is checked no more often than keeps what the checks lose within 3% of the
-time (`algorithm.exploration.budgeted_period`; up to 256 steps apart): a draft that
-narrowly loses (on a CPU where it costs 0.4 of a target step) would otherwise lose 4%.
+median of its recent steps (a pause of the process moves it by one rank, not by its size);
+a length not measured yet is interpolated between the measured ones. Acceptance depends on
+the requests, not the batch size: a length's tokens follow from one acceptance rate a for
+all buckets (each draft accepted with probability a once those before it were),
+`tokens(j) = 1 + a + ... + a^j`, a being the accepted drafts over the accepted and rejected
+ones (a request's step rejects one draft unless it accepted all it drafted), both averaged
+over recent steps of any length. A chain of k drafts that narrowly loses to plain
+decoding often wins with fewer: the first drafts are the likeliest accepted, the last ones
+cost as much and pay least. (Trees are drafted whole or not at all: j is 0 or k.)
+
+Each bucket measures k drafts first, then none, then keeps the best length and tries
+drafting or not drafting, whichever it left, again for a few steps after a number of steps
+that starts small and doubles while the choice holds (`algorithm.exploration`), so a wrong
+first choice is left quickly and a changed workload changes it. While drafting is kept its
+own rate is measured at every step, and a plain step's time hardly changes (it depends on
+the batch and the context length, not on the text): plain steps are measured again rarely
+(after 32 steps, up to 256). While not drafting is kept, drafting (at the best length) is
+measured again sooner (after 8 steps, up to 64): only drafting tells whether the draft is
+accepted again. After the first check, a choice that wins clearly is checked no more often
+than keeps what the checks lose within 3% of the time (`algorithm.exploration.
+budgeted_period`; up to 256 steps apart): a draft that narrowly loses (on a CPU where it
+costs 0.4 of a target step) would otherwise lose 4%.
 """
 
 from __future__ import annotations
 
-import dataclasses
 
 from specextend_vllm.algorithm.exploration import (
     Exploration,
@@ -36,12 +43,12 @@ from specextend_vllm.algorithm.exploration import (
     keeps_preference,
 )
 
-# Recent steps whose median is a choice's step time: a drafting step is measured at every
-# step while drafting is kept, a plain one a few steps per exploration.
+# Recent steps whose median is a length's step time: a drafting length is measured at
+# every step while it is kept, no drafts a few steps per exploration.
 DRAFTING_STEP_WINDOW = 8
 PLAIN_STEP_WINDOW = 4
-# Weight of a new measurement in the moving average of tokens per drafting step (1 to
-# k + 1 from one step to the next).
+# Weight of a new measurement in the moving averages of accepted and rejected drafts per
+# request and step (0 to j accepted from one step to the next).
 TOKENS_SMOOTHING = 0.05
 # Steps measured with each choice before the bucket compares them: more for drafting,
 # whose tokens per step vary from 1 to k + 1 from one step to the next (three steps that
@@ -68,19 +75,34 @@ def batch_size_bucket(batch_size: int) -> int:
     return max(batch_size, 1).bit_length() - 1
 
 
-@dataclasses.dataclass
+def expected_tokens(acceptance_rate: float, num_drafts: int) -> float:
+    """Tokens a step gives (1 + accepted drafts) when each draft is accepted with
+    probability `acceptance_rate` once those before it were: 1 + a + ... + a^num_drafts.
+
+    >>> expected_tokens(0.5, 3)
+    1.875
+    """
+    return sum(acceptance_rate**i for i in range(num_drafts + 1))
+
+
 class BucketState:
-    drafting_step_s: RecentMedian = dataclasses.field(
-        default_factory=lambda: RecentMedian(DRAFTING_STEP_WINDOW)
-    )
-    plain_step_s: RecentMedian = dataclasses.field(
-        default_factory=lambda: RecentMedian(PLAIN_STEP_WINDOW)
-    )
-    prefers_drafting: bool = True
-    plain_exploration: Exploration = dataclasses.field(
-        default_factory=lambda: Exploration(PLAIN_FIRST_EXPLORATION_PERIOD, PLAIN_EXPLORATION_PERIOD)
-    )
-    drafting_exploration: Exploration = dataclasses.field(default_factory=Exploration)
+    """One bucket of batch sizes: its step times per number of drafts, the number it
+    keeps (0: not drafting) and the drafting length its explorations draft."""
+
+    def __init__(self, max_drafts: int):
+        self.step_s = [RecentMedian(PLAIN_STEP_WINDOW)] + [
+            RecentMedian(DRAFTING_STEP_WINDOW) for _ in range(max_drafts)
+        ]
+        self.length = max_drafts
+        self.drafting_length = max_drafts
+        self.plain_exploration = Exploration(
+            PLAIN_FIRST_EXPLORATION_PERIOD, PLAIN_EXPLORATION_PERIOD
+        )
+        self.drafting_exploration = Exploration()
+
+    @property
+    def prefers_drafting(self) -> bool:
+        return self.length > 0
 
     @property
     def exploration(self) -> Exploration:
@@ -89,45 +111,91 @@ class BucketState:
 
     def measured(self) -> bool:
         return (
-            self.drafting_step_s.samples >= MIN_DRAFTING_SAMPLES
-            and self.plain_step_s.samples >= MIN_PLAIN_SAMPLES
+            self.step_s[-1].samples >= MIN_DRAFTING_SAMPLES
+            and self.step_s[0].samples >= MIN_PLAIN_SAMPLES
         )
 
-    def drafts(self) -> bool:
-        """What the bucket schedules now: each choice until measured, then the preferred
-        one, or the other one while exploring."""
-        if self.drafting_step_s.samples < MIN_DRAFTING_SAMPLES:
-            return True
-        if self.plain_step_s.samples < MIN_PLAIN_SAMPLES:
-            return False
-        return self.prefers_drafting != self.exploration.exploring
+    def scheduled_length(self) -> int:
+        """What the bucket drafts now: k drafts until measured, then none until measured,
+        then the kept length, or while exploring none or the best drafting length."""
+        if self.step_s[-1].samples < MIN_DRAFTING_SAMPLES:
+            return len(self.step_s) - 1
+        if self.step_s[0].samples < MIN_PLAIN_SAMPLES:
+            return 0
+        if self.exploration.exploring:
+            return 0 if self.prefers_drafting else self.drafting_length
+        return self.length
+
+    def step_seconds(self, num_drafts: int) -> float:
+        """The median step time of `num_drafts` drafts, or, measured fewer than
+        MIN_PLAIN_SAMPLES times, interpolated between the nearest measured lengths (none
+        and k are measured first).
+
+        >>> bucket = BucketState(max_drafts=4)
+        >>> for _ in range(MIN_DRAFTING_SAMPLES):
+        ...     bucket.step_s[0].add(0.5)
+        ...     bucket.step_s[4].add(1.5)
+        >>> bucket.step_seconds(0), bucket.step_seconds(1), bucket.step_seconds(4)
+        (0.5, 0.75, 1.5)
+        """
+        measured = [j for j, times in enumerate(self.step_s) if times.samples >= MIN_PLAIN_SAMPLES]
+        if num_drafts in measured:
+            return self.step_s[num_drafts].value
+        below = max(j for j in measured if j < num_drafts)
+        above = min(j for j in measured if j > num_drafts)
+        fraction = (num_drafts - below) / (above - below)
+        return self.step_s[below].value + fraction * (
+            self.step_s[above].value - self.step_s[below].value
+        )
 
 
 class DraftLengthChooser:
-    """Chooses, per batch size, between `num_speculative_tokens` drafts and none.
+    """Chooses, per batch size, how many of `num_speculative_tokens` drafts to draft
+    (any number, or with `chooses_length` False all or none: trees).
 
     `lookup` is the table vLLM's scheduler reads (`dynamic_sd_lookup`: draft tokens by
     batch size); `record_step` feeds it one decoding step's measurements.
 
-    Drafting costs 0.5 s a step for 2.5 tokens, a plain step 0.3 s for 1: drafting pays
-    at batch 1 (5 tokens/s against 3.3). At batch 8 it costs 1.5 s for 2.5 tokens against
-    0.35 s for 1: it does not (1.7 tokens/s against 2.9).
+    Each draft is accepted with probability 0.75 once those before it were (4 drafts give
+    3.05 tokens a step, one gives 1.75); a plain step costs 0.3 s at batch 1, 0.35 s at
+    batch 8. At batch 1, 4 drafts take 0.5 s a step (6.1 tokens/s against 3.3 plain); at
+    batch 8, 1.8 s, where even one draft, costing a quarter of the difference, takes 0.71 s
+    (2.5 tokens/s against 2.9 plain). Once measured, batches of 1 draft 4, of 8 none:
 
+    >>> tokens, rejecting = expected_tokens(0.75, 4), 1 - 0.75**4
     >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=8)
     >>> for _ in range(MIN_DRAFTING_SAMPLES):
-    ...     chooser.record_step(1, 4, 4, 0.5, tokens_per_step=2.5)
-    ...     chooser.record_step(8, 4, 4, 1.5, tokens_per_step=2.5)
+    ...     chooser.record_step(1, 4, 4, 0.5, tokens, rejecting)
+    ...     chooser.record_step(8, 4, 4, 1.8, tokens, rejecting)
     >>> for _ in range(MIN_PLAIN_SAMPLES):
     ...     chooser.record_step(1, 0, 0, 0.3)
     ...     chooser.record_step(8, 0, 0, 0.35)
     >>> chooser.lookup[1], chooser.lookup[8]
     (4, 0)
+
+    With drafts accepted with probability 0.6, 4 drafts in 0.6 s a step give 3.8 tokens/s
+    against 3.3 plain; 2 drafts, in 0.45 s, give 4.4:
+
+    >>> tokens, rejecting = expected_tokens(0.6, 4), 1 - 0.6**4
+    >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=1)
+    >>> for _ in range(MIN_DRAFTING_SAMPLES):
+    ...     chooser.record_step(1, 4, 4, 0.6, tokens, rejecting)
+    >>> for _ in range(MIN_PLAIN_SAMPLES):
+    ...     chooser.record_step(1, 0, 0, 0.3)
+    >>> chooser.lookup[1]
+    2
     """
 
-    def __init__(self, num_speculative_tokens: int, max_batch_size: int):
-        self.num_speculative_tokens = num_speculative_tokens
-        self.buckets = [BucketState() for _ in range(batch_size_bucket(max_batch_size) + 1)]
-        self.tokens_per_drafting_step = MovingAverage(TOKENS_SMOOTHING)
+    def __init__(self, num_speculative_tokens: int, max_batch_size: int, chooses_length: bool = True):
+        self.max_drafts = num_speculative_tokens
+        self.drafting_lengths = (
+            range(1, num_speculative_tokens + 1) if chooses_length else (num_speculative_tokens,)
+        )
+        self.buckets = [
+            BucketState(num_speculative_tokens) for _ in range(batch_size_bucket(max_batch_size) + 1)
+        ]
+        self.accepted_drafts = MovingAverage(TOKENS_SMOOTHING)
+        self.rejected_drafts = MovingAverage(TOKENS_SMOOTHING)
         self.lookup = [num_speculative_tokens] * (max_batch_size + 1)
 
     def record_step(
@@ -137,50 +205,68 @@ class DraftLengthChooser:
         next_drafts: int,
         step_seconds: float,
         tokens_per_step: float | None = None,
+        rejecting_share: float | None = None,
     ) -> None:
         """One decoding step of `batch_size` requests, none prefilling: each verified
-        `verified_drafts` drafts (on average `tokens_per_step` tokens came out) and the
-        step scheduled `next_drafts` for the next one. Steps that switch between drafting
-        and not, or draft another number of tokens, measure neither choice."""
+        `verified_drafts` drafts (on average `tokens_per_step` tokens came out; a share
+        `rejecting_share` of the requests rejected one), and the step scheduled
+        `next_drafts` for the next one. Steps that change the number of drafts measure no
+        length's step time."""
         index = min(batch_size_bucket(batch_size), len(self.buckets) - 1)
         bucket = self.buckets[index]
-        if verified_drafts == next_drafts == self.num_speculative_tokens:
-            bucket.drafting_step_s.add(step_seconds)
-            if tokens_per_step is not None:
-                self.tokens_per_drafting_step.add(tokens_per_step)
-        elif verified_drafts == next_drafts == 0:
-            bucket.plain_step_s.add(step_seconds)
+        if verified_drafts == next_drafts and verified_drafts <= self.max_drafts:
+            bucket.step_s[verified_drafts].add(step_seconds)
+        if verified_drafts and tokens_per_step is not None and rejecting_share is not None:
+            self.accepted_drafts.add(tokens_per_step - 1.0)
+            self.rejected_drafts.add(rejecting_share)
         if bucket.measured():
             preferred = bucket.prefers_drafting
-            win = self._update_preference(bucket)
-            tokens = self._tokens_per_drafting_step()
+            win, explored_tokens_ratio = self._update_choice(bucket)
             bucket.exploration.count_step(
                 bucket.prefers_drafting != preferred,
                 win,
                 EXPLORATION_STEPS if bucket.prefers_drafting else DRAFTING_EXPLORATION_STEPS,
-                1 / tokens if bucket.prefers_drafting else tokens,
+                explored_tokens_ratio,
             )
-        self._write_lookup(index, bucket.drafts())
+        self._write_lookup(index, bucket.scheduled_length())
 
-    def _tokens_per_drafting_step(self) -> float:
-        """At least the one token every step gives (none measured yet: steps whose
-        sampled tokens did not come back)."""
-        return max(self.tokens_per_drafting_step.value, 1.0)
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over accepted and rejected ones, in recent drafting steps.
 
-    def _update_preference(self, bucket: BucketState) -> float:
-        """Updates the bucket's choice; returns how many times faster it measures."""
-        drafting_rate = self._tokens_per_drafting_step() / bucket.drafting_step_s.value
-        plain_rate = 1.0 / bucket.plain_step_s.value
-        bucket.prefers_drafting = keeps_preference(
-            bucket.prefers_drafting, drafting_rate, plain_rate
-        )
-        if bucket.prefers_drafting:
-            return drafting_rate / plain_rate
-        return plain_rate / drafting_rate
+        >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=1)
+        >>> chooser.record_step(1, 4, 4, 0.5, tokens_per_step=3.0, rejecting_share=1.0)
+        >>> chooser.record_step(1, 2, 2, 0.4, tokens_per_step=3.0, rejecting_share=0.0)
+        >>> chooser.acceptance_rate()
+        0.8
+        """
+        accepted = self.accepted_drafts.value
+        drafts = accepted + self.rejected_drafts.value
+        return accepted / drafts if drafts else 0.0
 
-    def _write_lookup(self, index: int, drafts: bool) -> None:
+    def _update_choice(self, bucket: BucketState) -> tuple[float, float]:
+        """Updates the bucket's length; returns how many times faster drafting or not,
+        whichever is kept, measures than the other, and the other's tokens per step over
+        the kept one's."""
+        acceptance_rate = self.acceptance_rate()
+        rates = {
+            j: expected_tokens(acceptance_rate, j) / bucket.step_seconds(j)
+            for j in self.drafting_lengths
+        }
+        best = max(rates, key=rates.__getitem__)
+        kept = bucket.length
+        if kept and keeps_preference(True, rates[kept], rates[best]):
+            best = kept
+        drafting_rate = rates[best]
+        plain_rate = 1.0 / bucket.step_seconds(0)
+        drafts = keeps_preference(bucket.prefers_drafting, drafting_rate, plain_rate)
+        bucket.drafting_length = best
+        bucket.length = best if drafts else 0
+        tokens = expected_tokens(acceptance_rate, best)
+        if drafts:
+            return drafting_rate / plain_rate, 1 / tokens
+        return plain_rate / drafting_rate, tokens
+
+    def _write_lookup(self, index: int, num_drafts: int) -> None:
         first = 1 << index
         last = min((first << 1) - 1, len(self.lookup) - 1)
-        self.lookup[first : last + 1] = [self.num_speculative_tokens if drafts else 0] * (
-            last + 1 - first
-        )
+        self.lookup[first : last + 1] = [num_drafts] * (last + 1 - first)

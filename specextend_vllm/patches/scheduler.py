@@ -66,6 +66,7 @@ def draft_length_chooser(scheduler: Any) -> DraftLengthChooser | None:
             chooser = DraftLengthChooser(
                 speculative_config.num_speculative_tokens,
                 vllm_config.scheduler_config.max_num_seqs,
+                chooses_length=method_config.tree == "chain",
             )
         setattr(scheduler, _CHOOSER, chooser)
         setattr(scheduler, _STEP_STARTS, {})
@@ -117,22 +118,34 @@ class SchedulerMeasuresDrafting(VllmPatch):
             started = getattr(self, _STEP_STARTS).pop(id(scheduler_output), None)
             step = decoding_step(scheduler_output, model_runner_output)
             if started is not None and step is not None:
-                batch_size, verified_drafts, tokens_per_step = step
                 chooser.record_step(
-                    batch_size,
-                    verified_drafts,
+                    step.batch_size,
+                    step.verified_drafts,
                     scheduler_output.num_spec_tokens_to_schedule,
                     time.perf_counter() - started,
-                    tokens_per_step,
+                    step.tokens_per_step,
+                    step.rejecting_share,
                 )
         return SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodingStep:
+    """A step where every request verified `verified_drafts` drafts and none prefilled:
+    the mean tokens each got and the share of requests that rejected a draft (None
+    without drafts, or where the sampled tokens did not come back)."""
+
+    batch_size: int
+    verified_drafts: int
+    tokens_per_step: float | None
+    rejecting_share: float | None
+
+
 def decoding_step(
     scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-) -> tuple[int, int, float | None] | None:
-    """(batch size, drafts each request verified, mean tokens each got) of a step where
-    every request verified the same number of drafts and none prefilled; None otherwise."""
+) -> DecodingStep | None:
+    """The step's measurements, or None where requests verified different numbers of
+    drafts or some prefilled."""
     num_scheduled = scheduler_output.num_scheduled_tokens
     if not num_scheduled or scheduler_output.scheduled_new_reqs:
         return None
@@ -146,5 +159,9 @@ def decoding_step(
     sampled = model_runner_output.sampled_token_ids
     index = model_runner_output.req_id_to_index
     counts = [len(sampled[index[r]]) for r in num_scheduled if r in index and index[r] < len(sampled)]
-    tokens_per_step = sum(counts) / len(counts) if counts and verified_drafts else None
-    return len(num_scheduled), verified_drafts, tokens_per_step
+    if not counts or not verified_drafts:
+        return DecodingStep(len(num_scheduled), verified_drafts, None, None)
+    rejecting = sum(count <= verified_drafts for count in counts)
+    return DecodingStep(
+        len(num_scheduled), verified_drafts, sum(counts) / len(counts), rejecting / len(counts)
+    )

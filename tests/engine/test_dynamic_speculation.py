@@ -47,6 +47,56 @@ def test_drafting_follows_the_batch_size_schedule_losslessly(
     on_engine(tiny_models["target"], config, run)
 
 
+# Drafts of every length: 2 per step in batches of 4 or more, 1 in pairs, 3 alone.
+LENGTHS_SCHEDULE = [[1, 1, 3], [2, 3, 1], [4, 16, 2]]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"positions": "compact", "verification_attention": "hybrid"},
+        {"chunk_size": 32, "positions": "absolute", "verification_attention": "native"},
+    ],
+    ids=["compact_hybrid", "whole_blocks_native"],
+)
+def test_drafts_shorter_than_num_speculative_tokens_are_lossless(
+    keys: dict[str, Any],
+    tiny_models: dict[str, Path],
+    prompts: list[list[int]],
+    plain_outputs: list[list[int]],
+) -> None:
+    """Requests ending one after another draft 2, then 1, then 3 tokens a step, over
+    retrieval's reduced caches, verified on each attention path."""
+    from vllm import SamplingParams
+
+    from specextend_vllm import retrieval_stats
+
+    config = specextend_config(
+        tiny_models["draft_noisy"], num_speculative_tokens_per_batch_size=LENGTHS_SCHEDULE, **keys
+    )
+    max_tokens = [MAX_TOKENS - 2 * (len(prompts) - 1 - i) for i in range(len(prompts))]
+
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, float], dict[str, Any]]:
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens],
+            use_tqdm=False,
+        )
+        return (
+            [list(o.outputs[0].token_ids) for o in outputs],
+            spec_decode_counts(llm),
+            retrieval_stats(llm)[0],
+        )
+
+    outputs, counts, stats = on_engine(tiny_models["target"], config, run)
+    assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
+    assert stats["reduced_draft_steps"] > 0
+    # Some request steps drafted NUM_SPECULATIVE_TOKENS tokens, some fewer, some more than one.
+    assert counts["num_drafts"] < counts["num_draft_tokens"] < (
+        counts["num_drafts"] * NUM_SPECULATIVE_TOKENS
+    )
+
+
 def test_auto_drafting_steps_back_from_a_draft_that_is_never_accepted(
     tiny_models: dict[str, Path],
     tmp_path_factory: pytest.TempPathFactory,

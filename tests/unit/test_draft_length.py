@@ -1,6 +1,10 @@
-"""The choice between drafting and not, per batch size, from synthetic step measurements."""
+"""The number of drafts per step, per batch size, from synthetic step measurements."""
 
+import dataclasses
+import itertools
 import random
+import statistics
+from collections.abc import Callable
 
 import pytest
 
@@ -10,16 +14,42 @@ from specextend_vllm.algorithm.draft_length import (
     PLAIN_EXPLORATION_PERIOD,
     PLAIN_FIRST_EXPLORATION_PERIOD,
     DraftLengthChooser,
+    expected_tokens,
 )
 from specextend_vllm.algorithm.exploration import (
     EXPLORATION_BUDGET,
     EXPLORATION_PERIOD,
     FIRST_EXPLORATION_PERIOD,
+    LONGEST_BUDGETED_PERIOD,
 )
 
 K = 3
 # Steps before a bucket has measured both choices (two of them switches).
 MEASURING_STEPS = MIN_DRAFTING_SAMPLES + MIN_PLAIN_SAMPLES + 2
+
+
+def acceptance_rate_for(tokens: float) -> float:
+    """The probability of accepting each draft (once those before it were) with which a
+    step of K drafts gives `tokens` tokens on average."""
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if expected_tokens(middle, K) < tokens else (low, middle)
+    return low
+
+
+@dataclasses.dataclass
+class Steps:
+    """What the scheduler ran: the drafts, seconds and tokens (per request) of each step."""
+
+    drafts: list[int] = dataclasses.field(default_factory=list)
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    tokens: list[float] = dataclasses.field(default_factory=list)
+
+    def slowdown(self) -> float:
+        """Time taken over what plain decoding would take for the same tokens, less 1."""
+        plain_s = min(s for s, d in zip(self.seconds, self.drafts) if not d)
+        return sum(self.seconds) / (plain_s * sum(self.tokens)) - 1
 
 
 def run_steps(
@@ -29,26 +59,69 @@ def run_steps(
     drafting_s: float,
     plain_s: float,
     tokens: float | list[float],
+    pause: Callable[[], float] = lambda: 1.0,
 ) -> list[int]:
     """Steps as the scheduler would run them, following the chooser's table; returns the
-    drafts scheduled at each step. `tokens`: per drafting step, in turn if a list."""
-    scheduled = []
+    drafts scheduled at each step (`run` returns all measurements)."""
+    return run(chooser, batch_size, steps, drafting_s, plain_s, tokens, pause).drafts
+
+
+def run(
+    chooser: DraftLengthChooser,
+    batch_size: int,
+    steps: int,
+    drafting_s: float,
+    plain_s: float,
+    tokens: float | list[float],
+    pause: Callable[[], float] = lambda: 1.0,
+) -> Steps:
+    """A step of j drafts takes `plain_s + (drafting_s - plain_s) * j / K`, times `pause()`.
+    `tokens`: what a step of K drafts gives: a mean, each draft accepted with one
+    probability; or whole numbers in turn (1 + the drafts accepted), of which a step of j
+    drafts gets 1 + min(accepted, j)."""
+    record = Steps()
     verified = chooser.lookup[batch_size]
-    drafting_tokens = iter(tokens * steps if isinstance(tokens, list) else [tokens] * steps)
+    acceptance_rate = None if isinstance(tokens, list) else acceptance_rate_for(tokens)
+    draws = itertools.cycle(tokens if isinstance(tokens, list) else [tokens])
     for _ in range(steps):
         next_drafts = chooser.lookup[batch_size]
-        seconds = drafting_s if verified else plain_s
+        seconds = (plain_s + (drafting_s - plain_s) * verified / K) * pause()
+        if acceptance_rate is not None:
+            step_tokens = expected_tokens(acceptance_rate, verified)
+            rejecting = 1 - acceptance_rate**verified
+        else:
+            accepted = next(draws) - 1 if verified else 0
+            step_tokens = 1 + min(accepted, verified)
+            rejecting = float(accepted < verified)
         chooser.record_step(
-            batch_size, verified, next_drafts, seconds, next(drafting_tokens) if verified else None
+            batch_size,
+            verified,
+            next_drafts,
+            seconds,
+            step_tokens if verified else None,
+            rejecting if verified else None,
         )
-        scheduled.append(next_drafts)
+        record.drafts.append(next_drafts)
+        record.seconds.append(seconds)
+        record.tokens.append(step_tokens)
         verified = next_drafts
-    return scheduled
+    return record
 
 
-def mostly(scheduled: list[int], drafts: int) -> bool:
-    """At least three quarters of the steps scheduled `drafts` (the rest explore)."""
-    return scheduled.count(drafts) >= 0.75 * len(scheduled)
+def mostly_drafting(scheduled: list[int]) -> bool:
+    """At least three quarters of the steps drafted (the rest explore)."""
+    return sum(map(bool, scheduled)) >= 0.75 * len(scheduled)
+
+
+def best_fixed_rate(drafting_s: float, plain_s: float, tokens: list[float]) -> float:
+    """Tokens per second of the best number of drafts kept at every step, in `run`'s
+    world of whole-number `tokens`."""
+    rates = [
+        statistics.mean(1 + min(t - 1, j) for t in tokens)
+        / (plain_s + (drafting_s - plain_s) * j / K)
+        for j in range(K + 1)
+    ]
+    return max(rates)
 
 
 def test_measures_both_choices_then_keeps_the_faster() -> None:
@@ -56,7 +129,7 @@ def test_measures_both_choices_then_keeps_the_faster() -> None:
     scheduled = run_steps(chooser, 8, 120, drafting_s=1.0, plain_s=0.3, tokens=2.0)
     assert scheduled[:MIN_DRAFTING_SAMPLES] == [K] * MIN_DRAFTING_SAMPLES
     assert 0 in scheduled[:MEASURING_STEPS]
-    assert mostly(scheduled[MEASURING_STEPS:], 0)
+    assert scheduled[MEASURING_STEPS:].count(0) >= 0.75 * (120 - MEASURING_STEPS)
     assert not chooser.buckets[3].prefers_drafting and chooser.lookup[1] == K
 
 
@@ -72,16 +145,18 @@ def test_switching_steps_measure_neither_choice() -> None:
     chooser.record_step(2, verified_drafts=K, next_drafts=0, step_seconds=9.0, tokens_per_step=1.0)
     chooser.record_step(2, verified_drafts=0, next_drafts=K, step_seconds=9.0)
     bucket = chooser.buckets[1]
-    assert bucket.drafting_step_s.samples == bucket.plain_step_s.samples == 0
+    assert bucket.step_s[K].samples == bucket.step_s[0].samples == 0
 
 
 def test_explores_the_other_choice_and_returns_when_it_pays_again() -> None:
     chooser = DraftLengthChooser(K, max_batch_size=4)
     scheduled = run_steps(chooser, 4, EXPLORATION_PERIOD, drafting_s=1.0, plain_s=0.3, tokens=1.5)
     assert scheduled[-10:] == [0] * 10
-    later = run_steps(chooser, 4, 3 * EXPLORATION_PERIOD, drafting_s=0.5, plain_s=0.3, tokens=3.5)
-    assert K in later[: EXPLORATION_PERIOD + 1]
-    assert mostly(later[-EXPLORATION_PERIOD // 2 :], K)
+    later = run_steps(
+        chooser, 4, 2 * LONGEST_BUDGETED_PERIOD, drafting_s=0.5, plain_s=0.3, tokens=3.5
+    )
+    assert any(later[: LONGEST_BUDGETED_PERIOD + 1])
+    assert mostly_drafting(later[-EXPLORATION_PERIOD // 2 :])
 
 
 def test_a_start_that_accepts_nothing_does_not_settle_on_not_drafting() -> None:
@@ -91,44 +166,51 @@ def test_a_start_that_accepts_nothing_does_not_settle_on_not_drafting() -> None:
     chooser = DraftLengthChooser(K, max_batch_size=1)
     tokens = [1.0, 1.0, 1.0, 4.0, 4.0, 2.0, 1.0, 2.0, 4.0, 2.0, 3.0, 3.0, 1.0, 2.0, 4.0, 4.0]
     scheduled = run_steps(chooser, 1, 64, drafting_s=0.25, plain_s=0.13, tokens=tokens)
-    assert scheduled.count(K) >= 48
+    assert sum(map(bool, scheduled)) >= 48
 
 
 def test_a_close_choice_of_not_drafting_is_checked_again_soon() -> None:
-    """Drafting measured at 6.4 tokens/s against 7.7: not drafting wins, narrowly, so
-    drafting is measured again after FIRST_EXPLORATION_PERIOD steps, and taken back once
-    its acceptance rises."""
+    """Drafts accepted with probability 0.18: one draft a step, the best number, gives
+    6.9 tokens/s against 7.7 plain: not drafting wins, narrowly, so drafting is measured
+    again after FIRST_EXPLORATION_PERIOD steps, and taken back once its acceptance rises."""
     chooser = DraftLengthChooser(K, max_batch_size=1)
-    first = run_steps(chooser, 1, MEASURING_STEPS + 2, drafting_s=0.25, plain_s=0.13, tokens=1.6)
+    first = run_steps(chooser, 1, MEASURING_STEPS + 2, drafting_s=0.25, plain_s=0.13, tokens=1.2)
     assert first[-1] == 0
     later = run_steps(chooser, 1, 64, drafting_s=0.25, plain_s=0.13, tokens=3.0)
-    assert K in later[: FIRST_EXPLORATION_PERIOD + 1]
-    assert mostly(later[-16:], K)
+    assert any(later[: FIRST_EXPLORATION_PERIOD + 1])
+    assert mostly_drafting(later[-16:])
 
 
-def test_a_draft_that_is_never_accepted_is_measured_again_rarely() -> None:
+def test_a_draft_that_is_never_accepted_is_measured_again_rarely_and_cheaply() -> None:
+    """After measuring, drafting is tried again twice in 128 steps, one draft a step (the
+    cheapest check): after FIRST_EXPLORATION_PERIOD steps (one draft loses 1.3x, not
+    clearly), then once the budget allows."""
     chooser = DraftLengthChooser(K, max_batch_size=1)
-    scheduled = run_steps(chooser, 1, EXPLORATION_PERIOD, drafting_s=0.25, plain_s=0.13, tokens=1.0)
-    assert scheduled[MEASURING_STEPS:] == [0] * (EXPLORATION_PERIOD - MEASURING_STEPS)
+    scheduled = run_steps(chooser, 1, 128, drafting_s=0.25, plain_s=0.13, tokens=1.0)
+    explorations = [drafts for drafts, _ in itertools.groupby(scheduled[MEASURING_STEPS:])]
+    assert explorations.count(1) <= 2 and set(explorations) <= {0, 1}
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_noisy_acceptance_is_judged_by_its_mean(seed: int) -> None:
-    """Tokens per drafting step drawn at random: a mean of 2.6 (10.3 tokens/s drafting
-    against 7.7 plain) is drafted at almost every step, a mean of 1.7 (6.7 tokens/s) only
-    while exploring, whatever the order of the draws."""
+    """Tokens per step of K drafts drawn at random, whatever the order of the draws:
+    a mean of 2.6 (10.3 tokens/s drafting K against 7.7 plain) decodes within 5% of the best
+    number of drafts kept throughout, and so does a mean of 1.7 (6.7 tokens/s with K, 8.8
+    with one draft: the second and third drafts are rarely accepted), and one where
+    drafts are rarely accepted (1.2, below plain decoding at every number)."""
     rng = random.Random(seed)
-    paying = [float(rng.choice([1, 1, 2, 2, 3, 3, 4, 5])) for _ in range(400)]
-    losing = [float(rng.choice([1, 1, 1, 2, 2, 3])) for _ in range(400)]
-    chooser = DraftLengthChooser(K, max_batch_size=1)
-    assert run_steps(chooser, 1, 400, drafting_s=0.25, plain_s=0.13, tokens=paying).count(K) >= 340
-    chooser = DraftLengthChooser(K, max_batch_size=1)
-    assert run_steps(chooser, 1, 400, drafting_s=0.25, plain_s=0.13, tokens=losing).count(K) <= 100
+    for choices in ([1, 1, 2, 2, 3, 3, 4, 5], [1, 1, 1, 2, 2, 3], [1, 1, 1, 1, 2]):
+        tokens = [float(rng.choice(choices)) for _ in range(400)]
+        chooser = DraftLengthChooser(K, max_batch_size=1)
+        steps = run(chooser, 1, 400, drafting_s=0.25, plain_s=0.13, tokens=tokens)
+        rate = sum(steps.tokens) / sum(steps.seconds)
+        assert rate >= 0.95 * best_fixed_rate(0.25, 0.13, tokens)
 
 
 def test_close_rates_do_not_flap() -> None:
+    """One draft a step, the best number, gives what a plain step gives (3.3 tokens/s)."""
     chooser = DraftLengthChooser(K, max_batch_size=2)
-    run_steps(chooser, 1, 200, drafting_s=0.6, plain_s=0.3, tokens=1.98)
+    run_steps(chooser, 1, 200, drafting_s=0.6, plain_s=0.3, tokens=1.48)
     assert chooser.buckets[0].prefers_drafting
     assert chooser.buckets[0].exploration.period > PLAIN_FIRST_EXPLORATION_PERIOD
 
@@ -155,31 +237,40 @@ def test_pauses_of_the_process_do_not_turn_the_choice() -> None:
     for seed in range(20):
         rng = random.Random(seed)
         chooser = DraftLengthChooser(K, max_batch_size=1)
-        scheduled, verified = [], chooser.lookup[1]
-        for _ in range(300):
-            next_drafts = chooser.lookup[1]
-            seconds = (0.26 if verified else 0.13) * (10 if rng.random() < 1 / 10 else 1)
-            chooser.record_step(1, verified, next_drafts, seconds, 2.6 if verified else None)
-            scheduled.append(next_drafts)
-            verified = next_drafts
-        kept_drafting.append(scheduled[MEASURING_STEPS:].count(K) / (300 - MEASURING_STEPS))
+        scheduled = run_steps(
+            chooser, 1, 300, 0.26, 0.13, 2.6, pause=lambda: 10 if rng.random() < 1 / 10 else 1
+        )
+        drafting = [drafts for drafts in scheduled[MEASURING_STEPS:] if drafts]
+        kept_drafting.append(len(drafting) / (300 - MEASURING_STEPS))
     assert min(kept_drafting) >= 0.9
 
 
 @pytest.mark.parametrize(
     ("drafting_s", "plain_s", "tokens"),
-    [(1.515, 0.516, 2.52), (0.25, 0.13, 1.0)],
+    [(1.515, 0.516, 1.875), (0.25, 0.13, 1.0)],
     ids=["narrow_loss", "never_accepted"],
 )
 def test_explorations_of_a_losing_draft_cost_at_most_the_budget(
     drafting_s: float, plain_s: float, tokens: float
 ) -> None:
     """Once settled on not drafting, the steps that draft again to check it lose at most
-    about EXPLORATION_BUDGET of the time against plain decoding. `narrow_loss`: the demo
-    on a CPU without int8 dot products (fp32 draft): drafting 1.66 tokens/s against 1.94
+    about EXPLORATION_BUDGET of the time against plain decoding. `narrow_loss`: step times
+    of the demo on a CPU without int8 dot products (fp32 draft), drafts accepted with
+    probability 0.5: one draft a step, the best number, gives 1.77 tokens/s against 1.94
     plain; `never_accepted`: a draft whose tokens are all rejected."""
     chooser = DraftLengthChooser(K, max_batch_size=1)
-    scheduled = run_steps(chooser, 1, 1000, drafting_s, plain_s, tokens)[64:]
-    seconds = sum(drafting_s if drafts else plain_s for drafts in scheduled)
-    plain_seconds = plain_s * sum(tokens if drafts else 1.0 for drafts in scheduled)
-    assert seconds / plain_seconds - 1 <= 1.2 * EXPLORATION_BUDGET
+    steps = run(chooser, 1, 1000, drafting_s, plain_s, tokens)
+    settled = Steps(steps.drafts[64:], steps.seconds[64:], steps.tokens[64:])
+    assert settled.slowdown() <= 1.2 * EXPLORATION_BUDGET
+
+
+@pytest.mark.parametrize("chooses_length", [True, False], ids=["chain", "tree"])
+def test_drafts_fewer_where_the_last_drafts_cost_more_than_they_give(chooses_length: bool) -> None:
+    """Drafts accepted with probability 0.6; K drafts take 0.6 s a step, each 0.1 s of it,
+    against 0.3 s for a plain step: K drafts give 3.6 tokens/s, one draft 4.0 (each further
+    draft adds 0.1 s for 0.36 tokens or fewer). A chain drafts one token a step; a tree,
+    drafted whole or not at all, K."""
+    chooser = DraftLengthChooser(K, max_batch_size=1, chooses_length=chooses_length)
+    scheduled = run_steps(chooser, 1, 200, drafting_s=0.6, plain_s=0.3, tokens=expected_tokens(0.6, K))
+    settled = scheduled[MEASURING_STEPS:]
+    assert settled.count(1 if chooses_length else K) >= 0.9 * len(settled)
