@@ -171,6 +171,7 @@ class SpecExtendProposer(DraftModelProposer):
             config,
             DraftGeometry(self.block_size, self.trained_length, rotates=self._rotation is not None),
             self.max_batch_size,
+            self.max_drafts,
             DraftWorkingCopies(
                 self._working_copies(config),
                 lambda: [layers.raw_kv_cache(layer) for layer in self._draft_layers],

@@ -49,9 +49,11 @@ class DraftStep:
         max_seq_len: int,
         tail_alignment: int,
         activation_length: int,
-        num_speculative_tokens: int,
+        max_drafts: int,
     ) -> DraftStep:
-        """slots: [R]; target_positions: [num_tokens]; query_start_loc: [R + 1].
+        """slots: [R]; target_positions: [num_tokens]; query_start_loc: [R + 1];
+        max_drafts: the most drafts a step verifies (`num_speculative_tokens`; a step may
+        verify fewer, and draft another number next): a longer query prefills.
 
         Example: two requests, the first prefilling 5 tokens (positions 0-4), the second
         verifying 3 (positions 40-42) of which 1 draft was accepted (sample row 6); tails
@@ -66,7 +68,7 @@ class DraftStep:
         ...     max_seq_len=43,
         ...     tail_alignment=16,
         ...     activation_length=5,
-        ...     num_speculative_tokens=2,
+        ...     max_drafts=2,
         ... )
         >>> step.context_lens.tolist(), step.prefilling.tolist(), step.newest_positions.tolist()
         ([5, 42], [True, False], [4, 40])
@@ -80,7 +82,7 @@ class DraftStep:
             query_start_loc[1:] - 1 if token_indices_to_sample is None else token_indices_to_sample
         ).long()
         context_lens = target_positions[sample_rows] + 1
-        prefilling = query_lens > num_speculative_tokens + 1
+        prefilling = query_lens > max_drafts + 1
         first_query_positions = target_positions[query_start_loc[:-1].long()]
         newest_positions = torch.where(prefilling, context_lens - 1, first_query_positions)
         return cls(

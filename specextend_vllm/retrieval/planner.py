@@ -77,6 +77,7 @@ class RetrievalPlanner:
         config: SpecExtendConfig,
         geometry: DraftGeometry,
         max_requests: int,
+        max_drafts: int,
         working_copies: DraftWorkingCopies,
         chunk_scorer: ChunkScorer,
         metrics: RetrievalMetrics,
@@ -84,6 +85,7 @@ class RetrievalPlanner:
         mean_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.config = config
+        self.max_drafts = max_drafts
         self.device = device
         self.geometry = geometry
         self.max_requests = max_requests
@@ -141,7 +143,7 @@ class RetrievalPlanner:
             max_seq_len=max_seq_len,
             tail_alignment=max(self.config.chunk_size, self.geometry.block_size),
             activation_length=self.config.activation_length,
-            num_speculative_tokens=num_speculative_tokens,
+            max_drafts=self.max_drafts,
         )
         eligible = step.eligible
         batch_bucket = -1

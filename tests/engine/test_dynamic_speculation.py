@@ -91,6 +91,10 @@ def test_drafts_shorter_than_num_speculative_tokens_are_lossless(
     outputs, counts, stats = on_engine(tiny_models["target"], config, run)
     assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
     assert stats["reduced_draft_steps"] > 0
+    # Every verification is seen as one: a step that verified more drafts than it drafts
+    # next is not taken for a prefill.
+    verified = stats["reduced_verified_drafts"] + stats["full_verified_drafts"]
+    assert verified == counts["num_draft_tokens"]
     # Some request steps drafted NUM_SPECULATIVE_TOKENS tokens, some fewer, some more than one.
     assert counts["num_drafts"] < counts["num_draft_tokens"] < (
         counts["num_drafts"] * NUM_SPECULATIVE_TOKENS
