@@ -78,6 +78,7 @@ def run_method(
     tokens = list(output[0].outputs[0].token_ids)
     drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)
     accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
+    draft_tokens = after.get("num_draft_tokens", 0) - before.get("num_draft_tokens", 0)
     speeds = [len(tokens) / seconds for seconds in decode_s]
     steps = engine.time_breakdown(step_timings(llm)[0], MAX_DECODE_STEP_TOKENS, sum(decode_s))
     result = {
@@ -87,6 +88,8 @@ def run_method(
         "decode_tokens_per_s_min": min(speeds),
         "decode_tokens_per_s_max": max(speeds),
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "drafting_steps": drafts,
+        "mean_drafts_per_step": draft_tokens / drafts if drafts else None,
         "steps": steps,
         "tokens": tokens,
         "text": output[0].outputs[0].text,
