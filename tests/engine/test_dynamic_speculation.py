@@ -47,6 +47,33 @@ def test_drafting_follows_the_batch_size_schedule_losslessly(
     on_engine(tiny_models["target"], config, run)
 
 
+def run_staggered(
+    target: Path, config: dict[str, Any], prompts: list[list[int]]
+) -> tuple[list[int], list[list[int]], dict[str, float], dict[str, Any]]:
+    """Decodes `prompts` together, each ending 2 tokens before the next (the last after
+    MAX_TOKENS), so the batch shrinks one request at a time: the tokens asked of each,
+    the outputs, vLLM's speculative-decoding counters and the retrieval stats."""
+    from vllm import SamplingParams
+
+    from specextend_vllm import retrieval_stats
+
+    max_tokens = [MAX_TOKENS - 2 * (len(prompts) - 1 - i) for i in range(len(prompts))]
+
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, float], dict[str, Any]]:
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens],
+            use_tqdm=False,
+        )
+        return (
+            [list(o.outputs[0].token_ids) for o in outputs],
+            spec_decode_counts(llm),
+            retrieval_stats(llm)[0],
+        )
+
+    return max_tokens, *on_engine(target, config, run)
+
+
 # Drafts of every length: 2 per step in batches of 4 or more, 1 in pairs, 3 alone.
 LENGTHS_SCHEDULE = [[1, 1, 3], [2, 3, 1], [4, 16, 2]]
 
@@ -67,28 +94,10 @@ def test_drafts_shorter_than_num_speculative_tokens_are_lossless(
 ) -> None:
     """Requests ending one after another draft 2, then 1, then 3 tokens a step, over
     retrieval's reduced caches, verified on each attention path."""
-    from vllm import SamplingParams
-
-    from specextend_vllm import retrieval_stats
-
     config = specextend_config(
         tiny_models["draft_noisy"], num_speculative_tokens_per_batch_size=LENGTHS_SCHEDULE, **keys
     )
-    max_tokens = [MAX_TOKENS - 2 * (len(prompts) - 1 - i) for i in range(len(prompts))]
-
-    def run(llm: Any) -> tuple[list[list[int]], dict[str, float], dict[str, Any]]:
-        outputs = llm.generate(
-            [{"prompt_token_ids": p} for p in prompts],
-            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens],
-            use_tqdm=False,
-        )
-        return (
-            [list(o.outputs[0].token_ids) for o in outputs],
-            spec_decode_counts(llm),
-            retrieval_stats(llm)[0],
-        )
-
-    outputs, counts, stats = on_engine(tiny_models["target"], config, run)
+    max_tokens, outputs, counts, stats = run_staggered(tiny_models["target"], config, prompts)
     assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
     assert stats["reduced_draft_steps"] > 0
     # Every verification is seen as one: a step that verified more drafts than it drafts
@@ -183,24 +192,10 @@ def test_catching_up_stays_lossless_over_reduced_caches(
     request drafts alone after catching up, over retrieval's reduced caches (working
     copies re-rotated, or whole blocks). (Trees take no batch-size schedule: they skip
     the draft where `drafting: auto` chooses so, through the same code.)"""
-    from vllm import SamplingParams
-
-    from specextend_vllm import retrieval_stats
-
     config = specextend_config(
         tiny_models["draft_noisy"], num_speculative_tokens_per_batch_size=SCHEDULE, **keys
     )
-    max_tokens = [MAX_TOKENS - 2 * (len(prompts) - 1 - i) for i in range(len(prompts))]
-
-    def run(llm: Any) -> tuple[list[list[int]], dict[str, Any]]:
-        outputs = llm.generate(
-            [{"prompt_token_ids": p} for p in prompts],
-            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens],
-            use_tqdm=False,
-        )
-        return [list(o.outputs[0].token_ids) for o in outputs], retrieval_stats(llm)[0]
-
-    outputs, stats = on_engine(tiny_models["target"], config, run)
+    max_tokens, outputs, _, stats = run_staggered(tiny_models["target"], config, prompts)
     assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
     assert stats["catch_up_passes"] >= 1 and stats["reduced_draft_steps"] > 0
 

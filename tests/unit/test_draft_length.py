@@ -5,6 +5,7 @@ import itertools
 import random
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -52,18 +53,9 @@ class Steps:
         return sum(self.seconds) / (plain_s * sum(self.tokens)) - 1
 
 
-def run_steps(
-    chooser: DraftLengthChooser,
-    batch_size: int,
-    steps: int,
-    drafting_s: float,
-    plain_s: float,
-    tokens: float | list[float],
-    pause: Callable[[], float] = lambda: 1.0,
-) -> list[int]:
-    """Steps as the scheduler would run them, following the chooser's table; returns the
-    drafts scheduled at each step (`run` returns all measurements)."""
-    return run(chooser, batch_size, steps, drafting_s, plain_s, tokens, pause).drafts
+def run_steps(*args: Any, **kwargs: Any) -> list[int]:
+    """The drafts scheduled at each step of `run`."""
+    return run(*args, **kwargs).drafts
 
 
 def run(
