@@ -17,6 +17,7 @@ declare -A commands=(
   [lossless]="VLLM_CPU_KVCACHE_SPACE=5 ${python} -m benchmarks.lossless"
   [long_inputs_speed]="${long_inputs[*]} speed --texts-per-length 1 && ${long_inputs[*]} speed --append --texts paul_graham_essays --texts-per-length 1 --lengths 4096 8192"
   [long_inputs_speed_defaults]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code dialogue docs --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_defaults && ${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code --texts-per-length 1 --lengths 8192 --repeats 3 --output long_inputs_speed_defaults --append"
+  [long_inputs_speed_avx2_lengths]="${long_inputs[*]} speed --at-defaults --genres essays code --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_avx2_lengths"
   [method_cost]="${python} -m benchmarks.method_cost"
   [long_inputs_tiny_draft]="${long_inputs[*]} tiny_draft --texts-per-length 1"
   [long_inputs_tiny_draft_hybrid]="${long_inputs[*]} tiny_draft --lengths 16384 --texts-per-length 1 --methods no_speculation specextend --output long_inputs_tiny_draft_hybrid"
@@ -36,7 +37,7 @@ declare -A commands=(
   [serving_int8]="${python} -m benchmarks.serving --draft-precision int8 --output serving_int8"
 )
 order=(
-  demo draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
+  demo draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
   scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8
