@@ -17,7 +17,8 @@ all buckets (each draft accepted with probability a once those before it were),
 ones (a request's step rejects one draft unless it accepted all it drafted), both averaged
 over recent steps of any length. A chain of k drafts that narrowly loses to plain
 decoding often wins with fewer: the first drafts are the likeliest accepted, the last ones
-cost as much and pay least. (Trees are drafted whole or not at all: j is 0 or k.)
+cost as much and pay least. (Trees are drafted whole or not at all, j is 0 or k, and a
+tree's tokens per step are taken as measured: they do not follow a chain's.)
 
 Each bucket measures k drafts first, then none, then keeps the best length and tries
 drafting or not drafting, whichever it left, again for a few steps after a number of steps
@@ -243,15 +244,18 @@ class DraftLengthChooser:
         drafts = accepted + self.rejected_drafts.value
         return accepted / drafts if drafts else 0.0
 
+    def _tokens_per_step(self, num_drafts: int) -> float:
+        """A chain's tokens from the acceptance rate; a tree's (one size, whose tokens do
+        not follow a chain's) as measured."""
+        if len(self.drafting_lengths) == 1:
+            return 1.0 + self.accepted_drafts.value
+        return expected_tokens(self.acceptance_rate(), num_drafts)
+
     def _update_choice(self, bucket: BucketState) -> tuple[float, float]:
         """Updates the bucket's length; returns how many times faster drafting or not,
         whichever is kept, measures than the other, and the other's tokens per step over
         the kept one's."""
-        acceptance_rate = self.acceptance_rate()
-        rates = {
-            j: expected_tokens(acceptance_rate, j) / bucket.step_seconds(j)
-            for j in self.drafting_lengths
-        }
+        rates = {j: self._tokens_per_step(j) / bucket.step_seconds(j) for j in self.drafting_lengths}
         best = max(rates, key=rates.__getitem__)
         kept = bucket.length
         if kept and keeps_preference(True, rates[kept], rates[best]):
@@ -261,7 +265,7 @@ class DraftLengthChooser:
         drafts = keeps_preference(bucket.prefers_drafting, drafting_rate, plain_rate)
         bucket.drafting_length = best
         bucket.length = best if drafts else 0
-        tokens = expected_tokens(acceptance_rate, best)
+        tokens = self._tokens_per_step(best)
         if drafts:
             return drafting_rate / plain_rate, 1 / tokens
         return plain_rate / drafting_rate, tokens
