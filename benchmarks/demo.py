@@ -3,14 +3,15 @@
 Runs no speculation, vLLM's `draft_model` and `specextend` (at its defaults, with the
 draft's prefill deferred past the first token, drafting on the reduced cache at every step
 (`retrieval: always`, the default before `auto`), drafting every step, and drafting every
-step with the draft's vocabulary cut to its 32K most frequent tokens) on the same prompt and prints output equality, mean acceptance length and decode
+step with the draft's vocabulary cut to its 32K most frequent tokens or with its LM head as
+vLLM loaded it) on the same prompt and prints output equality, mean acceptance length and decode
 speed (median of `--repeats` decodes of the prompt, after its prefill, with the spread);
 saves the figures as JSON. The draft is the Qwen2.5-Coder 0.5B in the precision that costs
 less per token on this machine (`--draft-precision auto`: int8, unless the CPU has no int8
 dot-product instructions, where int8 costs more than fp32); a last row runs the other
 precision for comparison.
-c is what a drafted token costs next to a target step, from the step timings: a step's
-whole proposal (the draft's passes, its LM head, retrieval) over `num_speculative_tokens`,
+c is what a drafted token costs next to a target step, from the step timings: the steps'
+whole proposals (the draft's passes, its LM head, retrieval) over the tokens they drafted,
 over the target's forward in a step without speculation.
 
     python -m benchmarks.demo [--prompt-tokens 3000] [--max-tokens 64] [--repeats 3]
@@ -109,6 +110,14 @@ def run_method(
 MAX_DECODE_STEP_TOKENS = 64
 
 
+def draft_cost(result: dict[str, Any], target_step_s: float) -> float:
+    """c: the proposals' time per drafted token (steps may draft fewer than k, or none)
+    over the target's forward in a step without speculation."""
+    steps = result["steps"]
+    drafted = result["drafting_steps"] * result["mean_drafts_per_step"]
+    return steps["propose_s"] * steps["steps"] / drafted / target_step_s
+
+
 def spec_counts(llm: Any) -> dict[str, float]:
     return {
         m.name.removeprefix("vllm:spec_decode_"): m.value
@@ -162,10 +171,14 @@ def main() -> None:
         },
     }
     if not args.draft:
-        # The same with the draft's vocabulary cut to its 32K most frequent tokens, and with
-        # the draft in the other precision, for comparison.
+        # The same with the draft's vocabulary cut to its 32K most frequent tokens, with its
+        # LM head as loaded (an int8 draft's is int8 by default on a CPU with int8 dot
+        # products), and with the draft in the other precision, for comparison.
         methods["specextend_always_vocab32k"] = {
             **methods["specextend_always"], "draft_vocab": str(draft_vocab())
+        }
+        methods["specextend_always_head_as_loaded"] = {
+            **methods["specextend_always"], "draft_lm_head": "as_loaded"
         }
         other_draft = fp32_draft if other_precision == "fp32" else int8_draft()
         methods[f"specextend_always_{other_precision}"] = {
@@ -192,7 +205,7 @@ def main() -> None:
         acceptance = result["mean_acceptance_length"]
         speed = f"{result['decode_tokens_per_s']:.2f} ({result['decode_tokens_per_s_min']:.2f}-{result['decode_tokens_per_s_max']:.2f})"
         proposal_s = result["steps"].get("propose_s") or None
-        cost = f"{proposal_s / k / target_step_s:.2f}" if proposal_s and target_step_s else "-"
+        cost = f"{draft_cost(result, target_step_s):.2f}" if proposal_s and target_step_s else "-"
         print(
             f"{name:<28}{str(result['tokens'] == baseline['tokens']):>12}{speed:>24}"
             f"{result['decode_tokens_per_s'] / baseline['decode_tokens_per_s']:>9.2f}"

@@ -19,6 +19,7 @@ VerificationAttention = Literal["auto", "hybrid", "native"]
 Drafting = Literal["auto", "always"]
 Retrieval = Literal["auto", "always"]
 DraftPrefill = Literal["eager", "deferred"]
+DraftLmHead = Literal["auto", "as_loaded", "int8"]
 CHOICE_KEYS: Mapping[str, Any] = {
     "policy": RetrievalPolicy,
     "positions": DraftPositions,
@@ -27,6 +28,7 @@ CHOICE_KEYS: Mapping[str, Any] = {
     "drafting": Drafting,
     "retrieval": Retrieval,
     "draft_prefill": DraftPrefill,
+    "draft_lm_head": DraftLmHead,
 }
 
 # How the target verifies: hybrid attention, vLLM's, or the faster of the two as measured.
@@ -111,6 +113,13 @@ class SpecExtendConfig:
         first, as `python -m benchmarks.draft_vocab` writes it); the draft's LM head keeps
         only their rows, and the draft proposes only those tokens (FR-Spec). Unset: the
         whole vocabulary.
+    draft_lm_head: the weights the draft's logits come from. `as_loaded`: its LM head as
+        vLLM loaded it. `int8`: its rows (those `draft_vocab` keeps) in int8 with one
+        scale per row, multiplied with the hidden states quantized per token on vLLM's
+        CPU int8 kernel (CPU only): a quarter of the bytes, and a small draft's LM head is
+        most of its weights (vLLM loads no int8 LM head for a Qwen2 W8A8 checkpoint).
+        `auto`: int8 on CPU when the draft's linear layers are int8 and the CPU has int8
+        dot products, as loaded otherwise. Only the proposal changes: the target verifies.
     """
 
     chunk_size: int = 32
@@ -127,6 +136,7 @@ class SpecExtendConfig:
     tree: str | tuple[tuple[int, ...], ...] = "chain"
     tree_max_depth: int = 5
     draft_vocab: str | None = None
+    draft_lm_head: DraftLmHead = "auto"
 
     def __post_init__(self) -> None:
         self._check_tree()
@@ -208,6 +218,20 @@ class SpecExtendConfig:
                 f"speculative_config['draft_vocab']: {self.draft_vocab!r} holds token id "
                 f"{max(ids)}, and the draft's vocabulary has {vocab_size} tokens (ids 0 to "
                 f"{vocab_size - 1})."
+            )
+
+    def check_draft_lm_head(self, device_type: str) -> None:
+        """An int8 LM head runs on vLLM's CPU int8 kernel.
+
+        >>> SpecExtendConfig(draft_lm_head="int8").check_draft_lm_head("cuda")
+        Traceback (most recent call last):
+        ...
+        specextend_vllm.config.SpecExtendConfigError: speculative_config['draft_lm_head'] 'int8' runs on CPU only (vLLM's CPU int8 kernel); this engine runs on 'cuda'. Use 'auto' or 'as_loaded'.
+        """
+        if self.draft_lm_head == "int8" and device_type != "cpu":
+            raise SpecExtendConfigError(
+                "speculative_config['draft_lm_head'] 'int8' runs on CPU only (vLLM's CPU "
+                f"int8 kernel); this engine runs on {device_type!r}. Use 'auto' or 'as_loaded'."
             )
 
     def token_tree(self) -> TokenTree | None:

@@ -37,6 +37,7 @@ from specextend_vllm.vllm_access.attention_seam import (
     attention_layer_seam,
     limit_attention_window,
 )
+from specextend_vllm.vllm_access.cpu_int8 import cpu_flags, has_int8_dot_products
 from specextend_vllm.vllm_access.config import (
     draft_trained_length,
     manager_block_size,
@@ -87,7 +88,7 @@ class SpecExtendProposer(DraftModelProposer):
 
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
-        self._restrict_draft_vocab()
+        self._set_draft_logits()
         self._draft_layers = layers.attention_layers(self.vllm_config, self._draft_attn_layer_names)
         if self.method_config.uses_compact_positions() and self.trained_length < self.max_model_len:
             limit_attention_window(self._draft_layers, self.trained_length)
@@ -113,18 +114,40 @@ class SpecExtendProposer(DraftModelProposer):
             types = ", ".join(rotary_embedding_types(self.model))
             config.check_draft_rope(f"not one plain RoPE ({types})")
 
-    def _restrict_draft_vocab(self) -> None:
-        """With `draft_vocab`, the draft's logits come from the kept rows of its LM head."""
+    def _set_draft_logits(self) -> None:
+        """The draft's logits come from the rows `draft_vocab` keeps (the other tokens get
+        none), in the precision `draft_lm_head` gives."""
         ids = self.method_config.draft_vocab_ids()
-        if ids is None:
+        int8 = self._int8_lm_head()
+        if ids is None and not int8:
             return
-        kept_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        kept_logits = layers.kept_rows_logits(self.model, kept_ids)
         vocab_size = self.vllm_config.speculative_config.draft_model_config.get_vocab_size()
-        self.model.compute_logits = lambda hidden_states: scatter_kept_logits(
-            kept_logits(hidden_states), kept_ids, vocab_size
+        if ids is None:
+            self.model.compute_logits = layers.lm_head_logits(
+                self.model, torch.arange(vocab_size, device=self.device), int8
+            )
+        else:
+            kept_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            kept_logits = layers.lm_head_logits(self.model, kept_ids, int8)
+            self.model.compute_logits = lambda hidden_states: scatter_kept_logits(
+                kept_logits(hidden_states), kept_ids, vocab_size
+            )
+        logger.info(
+            "SpecExtend draft LM head: %d of %d tokens, %s",
+            vocab_size if ids is None else len(ids),
+            vocab_size,
+            "int8 rows" if int8 else "as loaded",
         )
-        logger.info("SpecExtend draft vocabulary: %d of its tokens kept", len(ids))
+
+    def _int8_lm_head(self) -> bool:
+        if self.method_config.draft_lm_head != "auto":
+            return self.method_config.draft_lm_head == "int8"
+        return (
+            self.device.type == "cpu"
+            and layers.has_int8_linear_layers(self.model)
+            and layers.has_unquantized_lm_head(self.model)
+            and has_int8_dot_products(cpu_flags()) is not False
+        )
 
     def _target_layers(self) -> list[Any]:
         return layers.target_attention_layers(self.vllm_config, self._draft_attn_layer_names)

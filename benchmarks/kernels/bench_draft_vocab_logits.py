@@ -1,4 +1,5 @@
-"""The draft's logits with and without `draft_vocab`, on the int8 Qwen 0.5B draft.
+"""The draft's logits with and without `draft_vocab` and `draft_lm_head: int8`, on the
+int8 Qwen 0.5B draft.
 
     python -m benchmarks.kernels.bench_draft_vocab_logits
 
@@ -6,7 +7,8 @@ Loads the draft in a vLLM engine and times, on its worker, milliseconds per call
 20 after 3 warm-up calls) for 1 and 5 rows of hidden states: vLLM's `compute_logits` over
 the whole vocabulary (151,936 rows), the 32K kept rows on the GEMM vLLM prepacks for an
 unquantized layer (what `draft_vocab` runs, with and without scattering into the whole
-vocabulary), and torch's matmul over the same kept rows. Saved to
+vocabulary), torch's matmul over the same kept rows, and the whole vocabulary's and the
+kept rows in int8 (`draft_lm_head: int8`, vLLM's CPU int8 GEMM). Saved to
 benchmarks/results/draft_vocab_logits.json.
 """
 
@@ -34,7 +36,10 @@ def time_logits(worker: Any, vocab_file: str) -> dict[str, float]:
     model = worker.model_runner.model
     kept_ids = torch.tensor(json.loads(open(vocab_file).read()))
     vocab_size = model.lm_head.org_vocab_size
-    kept_logits = layers.kept_rows_logits(model, kept_ids)
+    all_ids = torch.arange(vocab_size)
+    kept_logits = layers.lm_head_logits(model, kept_ids, int8=False)
+    int8_logits = layers.lm_head_logits(model, all_ids, int8=True)
+    int8_kept_logits = layers.lm_head_logits(model, kept_ids, int8=True)
     kept_rows = layers.lm_head_rows(model, kept_ids)
     timings = {}
     for num_rows in (1, 5):
@@ -46,6 +51,10 @@ def time_logits(worker: Any, vocab_file: str) -> dict[str, float]:
             ),
             "kept rows, prepacked GEMM": lambda: kept_logits(hidden_states),
             "kept rows, torch matmul": lambda: hidden_states @ kept_rows.T,
+            "full vocabulary, int8": lambda: int8_logits(hidden_states),
+            "kept rows, int8, scattered": lambda: scatter_kept_logits(
+                int8_kept_logits(hidden_states), kept_ids, vocab_size
+            ),
         }
         for name, call in calls.items():
             for _ in range(WARMUP):

@@ -63,6 +63,7 @@ class SpeculativeConfigFromDict(VllmPatch):
         method_config.check_draft_trained_length(draft_trained_length(speculative_config))
         method_config.check_draft_rope(draft_rope_type(speculative_config))
         method_config.check_draft_vocab(draft_vocab_size(speculative_config))
+        method_config.check_draft_lm_head(current_platform.device_type)
         self._specextend_config = method_config
         return speculative_config
 

@@ -10,6 +10,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.models.utils import extract_layer_index
 
 from specextend_vllm.algorithm import kv_cache_layout
+from specextend_vllm.algorithm.int8_rows import quantize_rows
 from specextend_vllm.config import METHOD_NAME
 from specextend_vllm.vllm_access.parallel import sum_over_tensor_parallel_ranks
 
@@ -65,11 +66,16 @@ def key_cache_view(layer: Attention) -> torch.Tensor:
     return kv_cache_layout.key_cache_view(raw_kv_cache(layer))
 
 
-def kept_rows_logits(model: torch.nn.Module, token_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def lm_head_logits(
+    model: torch.nn.Module, token_ids: torch.Tensor, int8: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """hidden states [T, H] -> logits [T, N] of these N tokens, through the rows of
-    `model`'s LM head, on the GEMM vLLM uses for an unquantized layer on this platform
-    (on CPU a prepacked oneDNN one, several times faster than torch's here)."""
+    `model`'s LM head: in int8 (`Int8RowsLogits`), or as loaded on the GEMM vLLM uses for an
+    unquantized layer on this platform (on CPU a prepacked oneDNN one, several times faster
+    than torch's here)."""
     rows = lm_head_rows(model, token_ids)
+    if int8:
+        return Int8RowsLogits(rows)
     if rows.device.type != "cpu":
         return lambda hidden_states: torch.nn.functional.linear(hidden_states, rows)
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
@@ -80,14 +86,50 @@ def kept_rows_logits(model: torch.nn.Module, token_ids: torch.Tensor) -> Callabl
     return lambda hidden_states: kept_head.cpu_linear(hidden_states, kept_head.weight, None)
 
 
+class Int8RowsLogits:
+    """hidden states [T, H] -> logits [T, N]: the N rows in int8 with one scale per row,
+    the hidden states quantized per token, multiplied on vLLM's CPU int8 GEMM (oneDNN,
+    prepacked), as vLLM runs the int8 draft's other linear layers. The GEMM reads the
+    weights and scales it was made with at its calls: they are kept."""
+
+    def __init__(self, rows: torch.Tensor):
+        from vllm import _custom_ops as ops
+
+        self._weights, self._scales = quantize_rows(rows)
+        self.num_rows = rows.shape[0]
+        self._gemm = ops.create_onednn_scaled_mm(
+            self._weights.t(), self._scales, rows.dtype, True, False, 32
+        )
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        from vllm import _custom_ops as ops
+
+        quantized, token_scales, _ = ops.onednn_scaled_int8_quant(hidden_states.contiguous(), None, None, True)
+        logits = hidden_states.new_empty((hidden_states.shape[0], self.num_rows))
+        ops.onednn_scaled_mm(self._gemm, quantized, logits, token_scales, None, None, None)
+        return logits
+
+
+def has_unquantized_lm_head(model: torch.nn.Module) -> bool:
+    return type(model.lm_head.quant_method).__name__ == "UnquantizedEmbeddingMethod"
+
+
+def has_int8_linear_layers(model: torch.nn.Module) -> bool:
+    """Whether `model` has linear layers loaded as int8 W8A8 (compressed-tensors)."""
+    return any(
+        type(getattr(module, "scheme", None)).__name__ == "CompressedTensorsW8A8Int8"
+        for module in model.modules()
+    )
+
+
 def lm_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
     """[N, H] the rows of `model`'s LM head for these token ids, on every rank (a
     tensor-parallel LM head holds one slice of the vocabulary per rank)."""
     lm_head = model.lm_head
-    if type(lm_head.quant_method).__name__ != "UnquantizedEmbeddingMethod":
+    if not has_unquantized_lm_head(model):
         raise ValueError(
-            "speculative_config['draft_vocab'] needs the draft's LM head unquantized, and it "
-            f"is quantized ({type(lm_head.quant_method).__name__})."
+            "speculative_config['draft_vocab'] and draft_lm_head 'int8' need the draft's LM "
+            f"head unquantized, and it is quantized ({type(lm_head.quant_method).__name__})."
         )
     shard = lm_head.shard_indices
     on_this_rank = (token_ids >= shard.org_vocab_start_index) & (token_ids < shard.org_vocab_end_index)

@@ -37,14 +37,25 @@ def test_a_draft_kept_from_every_output_token_has_nothing_accepted(
     assert run.counts["num_draft_tokens"] > 0 and run.counts["num_accepted_tokens"] == 0
 
 
+@pytest.mark.parametrize("draft_lm_head", ["as_loaded", "int8"])
 def test_a_draft_keeping_the_output_tokens_drafts_trees_and_has_them_accepted(
-    tiny_models: dict[str, Path], tmp_path: Path, prompts: list[list[int]], plain_outputs: list[list[int]]
+    tiny_models: dict[str, Path],
+    tmp_path: Path,
+    prompts: list[list[int]],
+    plain_outputs: list[list[int]],
+    draft_lm_head: str,
 ) -> None:
+    """With `draft_lm_head: int8` the kept rows are multiplied in int8 (an fp32 draft)."""
     produced = sorted({token for output in plain_outputs for token in output})
     assert len(produced) < VOCAB_SIZE // 2
     vocab = write_vocab(tmp_path / "vocab.json", produced)
     config = specextend_config(
-        tiny_models["draft_noisy"], draft_vocab=vocab, tree="dynamic", num_speculative_tokens=6, tree_max_depth=3
+        tiny_models["draft_noisy"],
+        draft_vocab=vocab,
+        draft_lm_head=draft_lm_head,
+        tree="dynamic",
+        num_speculative_tokens=6,
+        tree_max_depth=3,
     )
     run = decode(tiny_models["target"], prompts, MAX_TOKENS, config)
     assert run.outputs == plain_outputs

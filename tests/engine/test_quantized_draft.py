@@ -4,7 +4,8 @@ compact positions with a dynamic tree, a draft with its own tokenizer, two tenso
 ranks. Output stays the target's, drafts are accepted on the reduced cache, and the draft
 that ran is the int8 one: every linear layer int8 but the one the checkpoint left in fp32
 (vLLM names the draft's layers under the prefix `draft_model.`, where the checkpoint's
-list of unquantized layers matched nothing before the plugin extended it)."""
+list of unquantized layers matched nothing before the plugin extended it), and its logits
+come from its LM head in int8 (`draft_lm_head: auto`) where the CPU has int8 dot products."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from specextend_vllm import retrieval_stats
+from specextend_vllm.vllm_access.cpu_int8 import cpu_flags, has_int8_dot_products
 from tests.harness import (
     MAX_TOKENS,
     generate_ids,
@@ -38,6 +40,7 @@ class Int8Run:
     counts: dict[str, float]
     ranks: list[dict[str, Any]]
     draft_linear_schemes: list[dict[str, str]]
+    draft_logits: list[str]
 
 
 def draft_linear_schemes(worker: Any) -> dict[str, str]:
@@ -51,6 +54,12 @@ def draft_linear_schemes(worker: Any) -> dict[str, str]:
     }
 
 
+def draft_logits(worker: Any) -> str:
+    """What computes the draft's logits on one rank: vLLM's LM head ("method") or the
+    plugin's."""
+    return type(worker.model_runner.drafter.model.compute_logits).__name__
+
+
 def decode_with(target: Path, draft: Path, prompts: list[list[int]], **overrides: Any) -> Any:
     def use(llm: Any) -> Int8Run:
         outputs = generate_ids(llm, prompts, MAX_TOKENS)
@@ -59,6 +68,7 @@ def decode_with(target: Path, draft: Path, prompts: list[list[int]], **overrides
             spec_decode_counts(llm),
             retrieval_stats(llm),
             llm.collective_rpc(draft_linear_schemes),
+            llm.collective_rpc(draft_logits),
         )
 
     return lambda **keys: on_engine(target, specextend_config(draft, **keys), use, **overrides)
@@ -69,6 +79,8 @@ def assert_int8_lossless_and_accepted(run: Int8Run, plain_outputs: list[list[int
     for schemes in run.draft_linear_schemes:
         assert schemes.pop(KEPT_LAYER) == "none"
         assert set(schemes.values()) == {INT8}
+    int8_head = has_int8_dot_products(cpu_flags()) is not False
+    assert set(run.draft_logits) == {"Int8RowsLogits" if int8_head else "method"}
     stats = run.ranks[0]
     assert stats["reduced_accepted_drafts"] > 0
     assert run.counts["num_accepted_tokens"] > 0

@@ -67,6 +67,7 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
         ),
         ({"drafting": "sometimes"}, r"\['drafting'\] must be one of \['auto', 'always'\]"),
         ({"draft_prefill": "later"}, r"\['draft_prefill'\] must be one of \['eager', 'deferred'\]"),
+        ({"draft_lm_head": "int4"}, r"\['draft_lm_head'\] must be one of \['auto', 'as_loaded', 'int8'\]"),
         (
             {"drafting": "auto", "num_speculative_tokens_per_batch_size": [[1, 4, 3]]},
             r"\['drafting'\] 'auto' chooses the number of draft tokens itself",
