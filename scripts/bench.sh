@@ -12,11 +12,14 @@ python="${SPECEXTEND_VENV:-.venv}/bin/python"
 long_inputs=("$python" -m benchmarks.long_inputs)
 declare -A commands=(
   [demo]="${python} -m benchmarks.demo"
+  [demo_amx_lengths]="${python} -m benchmarks.demo --methods draft_model,specextend --repeats 5 --output benchmarks/results/demo_amx_lengths.json"
+  [demo_amx_int8_head]="${python} -m benchmarks.demo --methods draft_model,specextend,specextend_always,specextend_always_head_as_loaded --repeats 5 --output benchmarks/results/demo_amx_int8_head.json"
   [draft_cost]="${python} -m benchmarks.draft_cost"
   [draft_cost_avx2]="${python} -m benchmarks.draft_cost --lengths 1024 4096 --models 'target fp32 (1.5B)' 'draft fp32 (0.5B)' 'draft int8 (0.5B)' --output draft_cost_avx2"
   [lossless]="VLLM_CPU_KVCACHE_SPACE=5 ${python} -m benchmarks.lossless"
   [long_inputs_speed]="${long_inputs[*]} speed --texts-per-length 1 && ${long_inputs[*]} speed --append --texts paul_graham_essays --texts-per-length 1 --lengths 4096 8192"
   [long_inputs_speed_defaults]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code dialogue docs --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_defaults && ${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code --texts-per-length 1 --lengths 8192 --repeats 3 --output long_inputs_speed_defaults --append"
+  [long_inputs_speed_amx_lengths]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code dialogue docs --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_amx_lengths && ${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code --texts-per-length 1 --lengths 8192 --repeats 3 --output long_inputs_speed_amx_lengths --append"
   [long_inputs_speed_avx2_lengths]="${long_inputs[*]} speed --at-defaults --genres essays code --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_avx2_lengths"
   [method_cost]="${python} -m benchmarks.method_cost"
   [long_inputs_tiny_draft]="${long_inputs[*]} tiny_draft --texts-per-length 1"
@@ -37,7 +40,7 @@ declare -A commands=(
   [serving_int8]="${python} -m benchmarks.serving --draft-precision int8 --output serving_int8"
 )
 order=(
-  demo draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
+  demo demo_amx_lengths demo_amx_int8_head draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
   scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8
