@@ -15,7 +15,7 @@ whole proposals (the draft's passes, its LM head, retrieval) over the tokens the
 over the target's forward in a step without speculation.
 
     python -m benchmarks.demo [--prompt-tokens 3000] [--max-tokens 64] [--repeats 3]
-        [--methods specextend,specextend_deferred_prefill] [--output FILE]
+        [--compiled] [--methods specextend,specextend_deferred_prefill] [--output FILE]
 """
 
 from __future__ import annotations
@@ -54,11 +54,14 @@ def run_method(
     prompt: list[int],
     max_tokens: int,
     repeats: int,
+    compiled: bool,
 ) -> dict[str, Any]:
     from vllm import SamplingParams
 
     progress(f"{name}: starting the engine")
-    llm = engine.make_llm(target, speculative_config, len(prompt) + max_tokens + 64)
+    llm = engine.make_llm(
+        target, speculative_config, len(prompt) + max_tokens + 64, enforce_eager=not compiled
+    )
     request = [{"prompt_token_ids": prompt}]
     progress(f"{name}: prefill of {len(prompt)} tokens")
     start = time.perf_counter()
@@ -143,6 +146,11 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="vLLM's default torch.compile (inductor) instead of eager mode, for every row",
+    )
+    parser.add_argument(
         "--methods", help="comma-separated rows to run (default: all); no_speculation always runs"
     )
     parser.add_argument("--output", type=Path, help="JSON path (default: results/demo.json)")
@@ -191,7 +199,7 @@ def main() -> None:
             parser.error(f"--methods: unknown {unknown}; choose from {sorted(methods)}")
         methods = {name: config for name, config in methods.items() if name in wanted}
     results = {
-        name: run_method(name, target, config, prompt, args.max_tokens, args.repeats)
+        name: run_method(name, target, config, prompt, args.max_tokens, args.repeats, args.compiled)
         for name, config in methods.items()
     }
     baseline = results["no_speculation"]

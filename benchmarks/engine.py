@@ -55,10 +55,10 @@ def make_llm(target: Path | str, speculative_config: dict[str, Any] | None, max_
         kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
     if kwargs.get("block_size") is None:
         kwargs.pop("block_size", None)
+    kwargs.setdefault("enforce_eager", True)
     return LLM(
         model=str(target),
         dtype="float32",
-        enforce_eager=True,
         max_model_len=max_model_len,
         speculative_config=speculative_config,
         disable_log_stats=False,
