@@ -82,9 +82,11 @@ def start_server(
 ) -> subprocess.Popen[bytes]:
     command = [
         str(VLLM_CLI), "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager",
+        "--dtype", "float32",
         "--max-model-len", str(args.length + args.max_tokens + 256), "--seed", "0",
     ]
+    if not args.compiled:
+        command.append("--enforce-eager")
     if speculative_config is not None:
         command += ["--speculative-config", json.dumps(speculative_config)]
     return subprocess.Popen(
@@ -210,6 +212,10 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["no_speculation", "draft_model", "specextend"])
     parser.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of each server")
     parser.add_argument("--run-timeout-s", type=int, default=3600)
+    parser.add_argument(
+        "--compiled", action="store_true",
+        help="vLLM's default torch.compile (inductor) instead of --enforce-eager, for every server",
+    )
     parser.add_argument("--output", default="serving", help="results file name without .json")
     parser.add_argument("--plot-only", action="store_true", help="plot the saved results")
     args = parser.parse_args()
