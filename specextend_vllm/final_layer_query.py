@@ -10,8 +10,11 @@ class FinalLayerQuery:
     """Holds the post-RoPE query of the target's final attention layer from its last
     forward pass: one row per token of the target batch, [num_tokens, Hq, D].
 
-    `observe` watches that layer's attention (see `vllm_access.attention_seam`); it keeps a
-    reference, not a copy, which stays valid until the next target forward.
+    `observe` watches that layer's attention (see `vllm_access.attention_seam`) and keeps a
+    copy: under torch.compile the query is an intermediate buffer of the compiled graph,
+    which the rest of the forward reuses for other tensors (a reference read after the
+    forward gave scores of unrelated values, and retrieval kept the chunks a streaming
+    policy keeps).
     """
 
     def __init__(self, num_heads: int, head_size: int):
@@ -20,7 +23,7 @@ class FinalLayerQuery:
         self.query: torch.Tensor | None = None
 
     def observe(self, query: torch.Tensor) -> None:
-        self.query = query.view(-1, self.num_heads, self.head_size)
+        self.query = query.view(-1, self.num_heads, self.head_size).clone()
 
     def rows(self, token_rows: torch.Tensor) -> torch.Tensor:
         if self.query is None:
