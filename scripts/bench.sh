@@ -17,6 +17,7 @@ declare -A commands=(
   [demo_amd_eager]="${python} -m benchmarks.demo --methods draft_model,specextend --output benchmarks/results/demo_amd_eager.json"
   [demo_amd_compiled]="${python} -m benchmarks.demo --compiled --methods draft_model,specextend --output benchmarks/results/demo_amd_compiled.json"
   [demo_amd_compiled_repeats]="${python} -m benchmarks.demo --compiled --repeats 5 --methods draft_model,specextend,specextend_always --output benchmarks/results/demo_amd_compiled_repeats.json"
+  [demo_amd_compiled_query_copy]="${python} -m benchmarks.demo --compiled --methods draft_model,specextend --output benchmarks/results/demo_amd_compiled_query_copy.json"
   [draft_cost]="${python} -m benchmarks.draft_cost"
   [draft_cost_avx2]="${python} -m benchmarks.draft_cost --lengths 1024 4096 --models 'target fp32 (1.5B)' 'draft fp32 (0.5B)' 'draft int8 (0.5B)' --output draft_cost_avx2"
   [lossless]="VLLM_CPU_KVCACHE_SPACE=5 ${python} -m benchmarks.lossless"
@@ -44,7 +45,7 @@ declare -A commands=(
   [serving_int8_lengths]="${python} -m benchmarks.serving --draft-precision int8 --output serving_int8_lengths"
 )
 order=(
-  demo demo_amx_lengths demo_amx_int8_head demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
+  demo demo_amx_lengths demo_amx_int8_head demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
   scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8 serving_int8_lengths
