@@ -103,7 +103,8 @@ def test_leave_chain_moves_the_accepted_path_into_the_first_slots(layout: str) -
 
     assert input_ids.tolist() == [5, 12, 11, 13, 0, 0, 0, 0, 0, 6, 21, 22]
     assert positions.tolist() == [40, 41, 41, 42, 0, 1, 2, 3, 4, 10, 11, 11]
-    assert torch.equal(query[1], query_before[2]) and torch.equal(query[2], query_before[1])
+    kept_query = verifier.final_layer_query.query
+    assert torch.equal(kept_query[1], query_before[2]) and torch.equal(kept_query[2], query_before[1])
     block, offset = destination_slot // BLOCK_SIZE, destination_slot % BLOCK_SIZE
     assert torch.equal(keys[block, offset], key_before)
     assert torch.equal(values[block, offset], value_before)
