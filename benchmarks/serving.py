@@ -219,6 +219,8 @@ def main() -> None:
     parser.add_argument("--output", default="serving", help="results file name without .json")
     parser.add_argument("--plot-only", action="store_true", help="plot the saved results")
     args = parser.parse_args()
+    if "no_speculation" not in args.methods:
+        parser.error("--methods must include no_speculation: the table is relative to it")
     path = engine.RESULTS / f"{args.output}.json"
     if args.plot_only:
         print(f"saved {plot(path)}")

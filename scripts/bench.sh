@@ -41,14 +41,16 @@ declare -A commands=(
   [draft_vocab_logits]="${python} -m benchmarks.kernels.bench_draft_vocab_logits"
   [working_copies_cpu]="${python} -m benchmarks.kernels.bench_working_copies"
   [serving]="${python} -m benchmarks.serving"
-  [serving_int8]="${python} -m benchmarks.serving --draft-precision int8 --output serving_int8"
+  [serving_int8]="${python} -m benchmarks.serving --draft-precision int8 --methods no_speculation draft_model specextend specextend_deferred_prefill --output serving_int8"
   [serving_int8_lengths]="${python} -m benchmarks.serving --draft-precision int8 --output serving_int8_lengths"
+  [serving_int8_compiled]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation draft_model specextend specextend_deferred_prefill --output serving_int8_compiled"
+  [serving_int8_compiled_choices]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation specextend --output serving_int8_compiled_choices"
 )
 order=(
   demo demo_amx_lengths demo_amx_int8_head demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
-  scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8 serving_int8_lengths
+  scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8 serving_int8_lengths serving_int8_compiled serving_int8_compiled_choices
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${order[@]}")

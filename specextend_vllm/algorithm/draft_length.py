@@ -20,10 +20,11 @@ decoding often wins with fewer: the first drafts are the likeliest accepted, the
 cost as much and pay least. (Trees are drafted whole or not at all, j is 0 or k, and a
 tree's tokens per step are taken as measured: they do not follow a chain's.)
 
-Each bucket measures k drafts first, then none, then keeps the best length and tries
-drafting or not drafting, whichever it left, again for a few steps after a number of steps
-that starts small and doubles while the choice holds (`algorithm.exploration`), so a wrong
-first choice is left quickly and a changed workload changes it. While drafting is kept its
+Each bucket measures k drafts first (8 steps, or 3 once acceptance is measured), then
+none, then keeps the best length and tries drafting or not drafting, whichever it left,
+again for a few steps after a number of steps that starts small and doubles while the
+choice holds (`algorithm.exploration`), so a wrong first choice is left quickly and a
+changed workload changes it. While drafting is kept its
 own rate is measured at every step, and a plain step's time hardly changes (it depends on
 the batch and the context length, not on the text): plain steps are measured again rarely
 (after 32 steps, up to 256). While not drafting is kept, drafting (at the best length) is
@@ -31,7 +32,9 @@ measured again sooner (after 8 steps, up to 64): only drafting tells whether the
 accepted again. After the first check, a choice that wins clearly is checked no more often
 than keeps what the checks lose within 3% of the time (`algorithm.exploration.
 budgeted_period`; up to 256 steps apart): a draft that narrowly loses (on a CPU where it
-costs 0.4 of a target step) would otherwise lose 4%.
+costs 0.4 of a target step) would otherwise lose 4%. A choice made by less than
+`exploration.NARROW_WIN` is checked again soon, whichever it is: the few steps that made it
+may come from a slower or faster stretch than those after them.
 """
 
 from __future__ import annotations
@@ -54,7 +57,12 @@ TOKENS_SMOOTHING = 0.05
 # Steps measured with each choice before the bucket compares them: more for drafting,
 # whose tokens per step vary from 1 to k + 1 from one step to the next (three steps that
 # accepted nothing at the start of an answer once settled a bucket on not drafting where
-# drafting was 1.3x faster), than for a plain step, whose time hardly varies.
+# drafting was 1.3x faster), than for a plain step, whose time hardly varies. Once the
+# engine has measured acceptance in MIN_DRAFTING_SAMPLES drafting steps of any batch size,
+# a new bucket needs only a step time's MIN_PLAIN_SAMPLES drafting steps: acceptance
+# depends on the requests, not the batch size (4 requests of 64 tokens, after requests
+# alone had measured acceptance, spent 8 of their first 11 steps drafting 4 tokens where
+# that lost 1.5x).
 MIN_DRAFTING_SAMPLES = 8
 MIN_PLAIN_SAMPLES = 3
 # Steps of each exploration (the first of them, a switch, is not measured): more for
@@ -110,16 +118,17 @@ class BucketState:
         """When the choice kept now measures the other one again."""
         return self.plain_exploration if self.prefers_drafting else self.drafting_exploration
 
-    def measured(self) -> bool:
+    def measured(self, drafting_samples: int) -> bool:
         return (
-            self.step_s[-1].samples >= MIN_DRAFTING_SAMPLES
+            self.step_s[-1].samples >= drafting_samples
             and self.step_s[0].samples >= MIN_PLAIN_SAMPLES
         )
 
-    def scheduled_length(self) -> int:
-        """What the bucket drafts now: k drafts until measured, then none until measured,
-        then the kept length, or while exploring none or the best drafting length."""
-        if self.step_s[-1].samples < MIN_DRAFTING_SAMPLES:
+    def scheduled_length(self, drafting_samples: int) -> int:
+        """What the bucket drafts now: k drafts until measured in `drafting_samples`
+        steps, then none until measured, then the kept length, or while exploring none or
+        the best drafting length."""
+        if self.step_s[-1].samples < drafting_samples:
             return len(self.step_s) - 1
         if self.step_s[0].samples < MIN_PLAIN_SAMPLES:
             return 0
@@ -220,7 +229,12 @@ class DraftLengthChooser:
         if verified_drafts and tokens_per_step is not None and rejecting_share is not None:
             self.accepted_drafts.add(tokens_per_step - 1.0)
             self.rejected_drafts.add(rejecting_share)
-        if bucket.measured():
+        drafting_samples = (
+            MIN_PLAIN_SAMPLES
+            if self.accepted_drafts.samples >= MIN_DRAFTING_SAMPLES
+            else MIN_DRAFTING_SAMPLES
+        )
+        if bucket.measured(drafting_samples):
             preferred = bucket.prefers_drafting
             win, explored_tokens_ratio = self._update_choice(bucket)
             bucket.exploration.count_step(
@@ -229,7 +243,7 @@ class DraftLengthChooser:
                 EXPLORATION_STEPS if bucket.prefers_drafting else DRAFTING_EXPLORATION_STEPS,
                 explored_tokens_ratio,
             )
-        self._write_lookup(index, bucket.scheduled_length())
+        self._write_lookup(index, bucket.scheduled_length(drafting_samples))
 
     def acceptance_rate(self) -> float:
         """Accepted drafts over accepted and rejected ones, in recent drafting steps.

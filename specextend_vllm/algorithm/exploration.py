@@ -26,6 +26,13 @@ EXPLORATION_PERIOD = 64
 CLEAR_WIN = 1.5
 # The other choice must measure this much faster to replace the current one.
 SWITCH_MARGIN = 1.05
+# A choice made by a win below NARROW_WIN is checked again after at most
+# NARROW_WIN_PERIOD steps, whatever its first period: the few steps that made it may come
+# from a slower or faster stretch than the steps after them (with 4 requests on 2 cores,
+# a bucket's first plain steps measured 1.35x slower than the later ones and made one
+# draft a step win narrowly where it lost 1.3x), and a narrow check costs little.
+NARROW_WIN = 1.1
+NARROW_WIN_PERIOD = 8
 # The share of a settled choice's steps its explorations may lose, and the longest period
 # this may stretch the schedule to (a changed workload is found within it).
 EXPLORATION_BUDGET = 0.03
@@ -89,7 +96,8 @@ class Exploration:
 
     A choice made (by a win of 1.2x) explores after 8 steps, for 2 steps, then after 16
     (twice the period), or after 27 if the other way's steps give twice the tokens (two
-    steps then lose 0.8 kept steps, 3% of 27):
+    steps then lose 0.8 kept steps, 3% of 27). A first choice made narrowly (1.05x) where
+    the first period is 32 is checked after 8 steps:
 
     >>> exploration = Exploration()
     >>> exploration.count_step(preference_changed=True, win=1.2, steps_to_explore=2)
@@ -105,6 +113,11 @@ class Exploration:
     ...     exploration.count_step(False, 1.2, 2, explored_tokens_ratio=2.0)
     >>> exploration.period
     27
+    >>> exploration = Exploration(first_period=32)
+    >>> for _ in range(9):
+    ...     exploration.count_step(False, 1.05, 2)
+    >>> exploration.exploring
+    True
     """
 
     first_period: int = FIRST_EXPLORATION_PERIOD
@@ -112,6 +125,7 @@ class Exploration:
     exploring_for: int = 0
     steps_since: int = 0
     period: int = dataclasses.field(init=False)
+    counted: bool = False
 
     def __post_init__(self) -> None:
         self.period = self.first_period
@@ -128,12 +142,19 @@ class Exploration:
         explored_tokens_ratio: float = 1.0,
     ) -> None:
         """One measured step; `win`: how many times faster the preferred choice measures;
-        `explored_tokens_ratio`: the other choice's tokens per step over the preferred one's."""
+        `explored_tokens_ratio`: the other choice's tokens per step over the preferred one's;
+        the first step counted is that of the first choice."""
+        choice_made = preference_changed or not self.counted
+        self.counted = True
         if preference_changed:
             self.exploring_for = 0
             self.steps_since = 0
             self.period = self.max_period if win > CLEAR_WIN else self.first_period
-        elif self.exploring_for:
+        if choice_made and win < NARROW_WIN:
+            self.period = min(self.period, NARROW_WIN_PERIOD)
+        if preference_changed:
+            return
+        if self.exploring_for:
             self.exploring_for -= 1
             if not self.exploring_for:
                 self.period = max(
