@@ -35,6 +35,7 @@ declare -A commands=(
   [long_inputs_verification]="${long_inputs[*]} verification --texts-per-length 1 --max-tokens 64 --methods no_speculation specextend"
   [long_inputs_trees]="${long_inputs[*]} trees --lengths 4096 --max-tokens 48 --texts paul_graham_essays milton/paradise_lost_no_introduction --texts-per-length 2"
   [long_inputs_trees_8k]="${long_inputs[*]} trees --lengths 8192 --max-tokens 48 --texts shakespeare/lear --texts-per-length 1 --tree-settings chain dynamic16 --output long_inputs_trees_8k"
+  [long_inputs_trees_8k_int8]="${long_inputs[*]} trees --lengths 8192 --max-tokens 48 --texts shakespeare/lear --texts-per-length 1 --tree-settings chain dynamic16 --draft-precision int8 --repeats 3 --output long_inputs_trees_8k_int8"
   [retrieval_accuracy]="VLLM_CPU_KVCACHE_SPACE=2 ${python} -m benchmarks.retrieval_accuracy --lengths 4096 && VLLM_CPU_KVCACHE_SPACE=2 ${python} -m benchmarks.retrieval_accuracy --append --lengths 8192 --texts-per-genre 1 --settings full streaming cmr_chunk32 cmr_chunk128"
   [scorer_cpu]="${python} -m benchmarks.kernels.bench_chunk_scores"
   [prefix_attention_cpu]="${python} -m benchmarks.kernels.bench_prefix_attention"
@@ -49,7 +50,7 @@ declare -A commands=(
 order=(
   demo demo_amx_lengths demo_amx_int8_head demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
-  long_inputs_verification long_inputs_trees long_inputs_trees_8k retrieval_accuracy
+  long_inputs_verification long_inputs_trees long_inputs_trees_8k long_inputs_trees_8k_int8 retrieval_accuracy
   scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8 serving_int8_lengths serving_int8_compiled serving_int8_compiled_choices
 )
 names=("$@")
