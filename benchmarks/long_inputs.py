@@ -204,7 +204,10 @@ def run_lengths(
     )
     with tqdm(total=len(prompts) * runs_per_prompt, desc=description) as progress:
         for engine_name, speculative_config in configs.items():
-            llm = engine.make_llm(target, speculative_config, max_model_len, block_size=args.block_size)
+            llm = engine.make_llm(
+                target, speculative_config, max_model_len,
+                block_size=args.block_size, enforce_eager=not args.compiled,
+            )
             for prompt in prompts:
                 llm.reset_prefix_cache()
                 prefill_ttft: float | None = None
@@ -597,6 +600,11 @@ def parse_args() -> argparse.Namespace:
         default=1,
         help="speed, tiny_draft, verification: decode each prompt this many times per method "
         "(the prefix cache keeps its prefill); tables give the spread of decode tokens/s",
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="speed, trees, tiny_draft: vLLM's default compiled mode (torch.compile) instead of eager",
     )
     parser.add_argument(
         "--append",
