@@ -25,7 +25,7 @@ FIRST_EXPLORATION_PERIOD = 8
 EXPLORATION_PERIOD = 64
 CLEAR_WIN = 1.5
 # The other choice must measure this much faster to replace the current one.
-SWITCH_MARGIN = 1.05
+SWITCH_MARGIN = 1.02
 # A choice made by a win below NARROW_WIN is checked again after at most
 # NARROW_WIN_PERIOD steps, whatever its first period: the few steps that made it may come
 # from a slower or faster stretch than the steps after them (with 4 requests on 2 cores,
@@ -64,7 +64,7 @@ def keeps_preference(prefers_first: bool, first_rate: float, second_rate: float)
     """The preference after comparing the two rates (tokens per second): the other choice
     must win by SWITCH_MARGIN.
 
-    >>> keeps_preference(True, 1.0, 1.04), keeps_preference(True, 1.0, 1.06)
+    >>> keeps_preference(True, 1.0, 1.01), keeps_preference(True, 1.0, 1.03)
     (True, False)
     """
     if prefers_first:
