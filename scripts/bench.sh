@@ -26,6 +26,7 @@ declare -A commands=(
   [long_inputs_speed_amx_lengths]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code dialogue docs --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_amx_lengths && ${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code --texts-per-length 1 --lengths 8192 --repeats 3 --output long_inputs_speed_amx_lengths --append"
   [long_inputs_speed_amx_short]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres fiction essays code dialogue docs --texts-per-length 1 --lengths 1024 2048 --repeats 3 --output long_inputs_speed_amx_short"
   [long_inputs_speed_amx_16k_compiled]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --compiled --genres essays --texts-per-length 1 --lengths 16384 --repeats 3 --output long_inputs_speed_amx_16k_compiled"
+  [long_inputs_speed_amx_1k_margin]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres essays fiction code dialogue docs --texts-per-length 1 --lengths 1024 --repeats 3 --output long_inputs_speed_amx_1k_margin"
   [long_inputs_speed_amx_8k_more]="${long_inputs[*]} speed --draft-precision int8 --at-defaults --genres dialogue docs --texts-per-length 1 --lengths 8192 --repeats 3 --output long_inputs_speed_amx_8k_more"
   [long_inputs_speed_avx2_lengths]="${long_inputs[*]} speed --at-defaults --genres essays code --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_avx2_lengths"
   [method_cost]="${python} -m benchmarks.method_cost"
@@ -51,7 +52,7 @@ declare -A commands=(
   [serving_int8_compiled_choices]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation specextend --output serving_int8_compiled_choices"
 )
 order=(
-  demo demo_amx_lengths demo_amx_int8_head demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_amx_short long_inputs_speed_amx_16k_compiled long_inputs_speed_amx_8k_more long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
+  demo demo_amx_lengths demo_amx_int8_head demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_amx_short long_inputs_speed_amx_1k_margin long_inputs_speed_amx_16k_compiled long_inputs_speed_amx_8k_more long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k long_inputs_trees_8k_int8 retrieval_accuracy
   scorer_cpu prefix_attention_cpu draft_vocab_logits working_copies_cpu serving serving_int8 serving_int8_lengths serving_int8_compiled serving_int8_compiled_choices
