@@ -15,7 +15,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -265,9 +264,11 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float exp_r = p * r * r + r + 1.0f;
+  // __builtin_bit_cast is std::bit_cast, which torch before 2.13 does not get: it builds
+  // extensions as C++17.
   const int32_t n_bits =
-      std::bit_cast<int32_t>(rounded) - std::bit_cast<int32_t>(kRound);
-  const float two_to_n = std::bit_cast<float>((n_bits + 127) << 23);
+      __builtin_bit_cast(int32_t, rounded) - __builtin_bit_cast(int32_t, kRound);
+  const float two_to_n = __builtin_bit_cast(float, (n_bits + 127) << 23);
   return x < kMin ? 0.0f : exp_r * two_to_n;
 }
 
