@@ -2,7 +2,8 @@
 # The plugin's own CUDA kernels on a CUDA machine, with the torch already installed there
 # and no vLLM: builds specextend_vllm._C in place with its CUDA kernels for this GPU (a build
 # without them fails the script), runs the kernel tests (the CUDA ops against their
-# references on the GPU, the CPU kernels too), then times the CUDA scorer
+# references on the GPU, the CPU kernels too), runs the CUDA op tests again under
+# compute-sanitizer's memcheck and initcheck where it is installed, then times the CUDA scorer
 # (benchmarks/results/scorer_cuda.json, or $SPECEXTEND_GPU_RESULTS/scorer_cuda.json).
 # Arguments go to pytest. The compiler is the one CC/CXX name: one CUDA image's own
 # (/opt/gcc) built a module whose every rejected input (a TORCH_CHECK) crashed the process,
@@ -39,6 +40,13 @@ print("specextend::chunk_scores has its CUDA kernel")
 PY
 echo "== kernel tests"
 "$python" -m pytest -q -p no:cacheprovider tests/kernels "$@"
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck initcheck; do
+    echo "== the CUDA op tests under compute-sanitizer --tool $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
+      "$python" -m pytest -q -p no:cacheprovider tests/kernels/test_chunk_scores_cuda.py -k test_cuda_op
+  done
+fi
 echo "== CUDA scorer timings"
 results="${SPECEXTEND_GPU_RESULTS:-benchmarks/results}"
 "$python" -m benchmarks.kernels.bench_chunk_scores_cuda --output "$results/scorer_cuda.json"
