@@ -1,5 +1,6 @@
 // CUDA chunk scores for Cross-model Retrieval, in three passes: the logits of
-// every (request, query head, token), each row's log-sum-exp, and per (request,
+// every (request, query head, token) with the softmax state of each tile of
+// them, each row's log-sum-exp merged from its tiles' states, and per (request,
 // chunk) the mean softmax probability over heads and chunk tokens.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,6 +18,8 @@ constexpr int kWarpSize = 32;
 constexpr int kThreadsPerBlock = 256;
 constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
 constexpr unsigned kFullWarp = 0xffffffffu;
+static_assert(kLogitsTileTokens == kThreadsPerBlock,
+              "the logits pass merges its states with block_merge");
 
 __device__ __forceinline__ float to_float(float value) { return value; }
 __device__ __forceinline__ float to_float(__half value) {
@@ -56,7 +59,8 @@ __device__ float block_sum(float value) {
   return warp_sum(lane < kWarpsPerBlock ? warp_sums[lane] : 0.0f);
 }
 
-// Merge over the thread block; every thread gets the result.
+// Merge over the thread block; every thread gets the result. Safe to call again
+// right after: the shared slots are read before anyone writes them again.
 __device__ AttentionState block_merge(AttentionState state) {
   __shared__ float warp_maxes[kWarpsPerBlock];
   __shared__ float warp_denominators[kWarpsPerBlock];
@@ -68,58 +72,142 @@ __device__ AttentionState block_merge(AttentionState state) {
     warp_denominators[warp] = state.denominator;
   }
   __syncthreads();
-  return warp_merge(lane < kWarpsPerBlock
-                        ? AttentionState{warp_maxes[lane], warp_denominators[lane]}
-                        : AttentionState{});
+  const AttentionState merged = warp_merge(
+      lane < kWarpsPerBlock
+          ? AttentionState{warp_maxes[lane], warp_denominators[lane]}
+          : AttentionState{});
+  __syncthreads();
+  return merged;
 }
 
 __device__ __forceinline__ int context_len(const ChunkScoresParams& p, int b) {
   return min(max(p.context_lens[b], 0), p.max_tokens);
 }
 
-// One warp per (token, kv head): logits[b, h, t] = scale * q[b, h] . k[t] for
-// the query heads h of that kv head. Grid: (token tiles, kv heads, batch).
+// The query heads of one kv head a thread takes at once: their partial dot
+// products stay in registers.
+constexpr int kGroupTile = 8;
+
+// dots[g] += query[g, :] . key[:] for g < tile; query in shared memory
+// ([tile, head_dim], scaled), key one token's row of one kv head. Rows whose
+// elements are contiguous and 16-byte aligned are read 16 bytes at a time.
 template <typename KeyT>
-__global__ void logits_kernel(const ChunkScoresParams p) {
-  const int b = blockIdx.z;
-  const int kv_head = blockIdx.y;
-  const int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (t >= context_len(p, b)) {
+__device__ __forceinline__ void accumulate_dots(const KeyT* key,
+                                                int64_t stride_dim,
+                                                int head_dim,
+                                                const float* query, int tile,
+                                                float (&dots)[kGroupTile]) {
+  constexpr int kVector = 16 / sizeof(KeyT);
+  const bool vectorized = stride_dim == 1 && head_dim % kVector == 0 &&
+                          reinterpret_cast<uintptr_t>(key) % 16 == 0;
+  if (vectorized) {
+    for (int d0 = 0; d0 < head_dim; d0 += kVector) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(key + d0));
+      const KeyT* values = reinterpret_cast<const KeyT*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        const float k = to_float(values[i]);
+#pragma unroll
+        for (int g = 0; g < kGroupTile; ++g) {
+          if (g < tile) {
+            dots[g] += query[g * head_dim + d0 + i] * k;
+          }
+        }
+      }
+    }
     return;
   }
-  const int64_t block = p.block_table[b * p.block_table_stride + t / p.block_size];
-  const KeyT* key = static_cast<const KeyT*>(p.key_cache.data) +
-                    block * p.key_cache.stride_block +
-                    (t % p.block_size) * p.key_cache.stride_token +
-                    kv_head * p.key_cache.stride_head;
-  const int group_size = p.num_q_heads / p.num_kv_heads;
-  for (int g = 0; g < group_size; ++g) {
-    const int64_t row = static_cast<int64_t>(b) * p.num_q_heads + kv_head * group_size + g;
-    const float* q = p.query + row * p.head_dim;
-    float partial = 0.0f;
-    for (int d = lane; d < p.head_dim; d += kWarpSize) {
-      partial += q[d] * to_float(key[d * p.key_cache.stride_dim]);
-    }
-    const float dot = warp_sum(partial);
-    if (lane == 0) {
-      p.logits[row * p.max_tokens + t] = p.scale * dot;
+  for (int d = 0; d < head_dim; ++d) {
+    const float k = to_float(key[d * stride_dim]);
+#pragma unroll
+    for (int g = 0; g < kGroupTile; ++g) {
+      if (g < tile) {
+        dots[g] += query[g * head_dim + d] * k;
+      }
     }
   }
 }
 
-// One thread block per row (b, h): row_lse[b, h] = log-sum-exp of
-// logits[b, h, :L_b].
-__global__ void row_lse_kernel(const ChunkScoresParams p) {
-  const int row = blockIdx.x;
-  const int row_len = context_len(p, row / p.num_q_heads);
-  const float* row_logits = p.logits + static_cast<int64_t>(row) * p.max_tokens;
-  AttentionState state;
-  for (int t = threadIdx.x; t < row_len; t += blockDim.x) {
-    state.update(row_logits[t]);
+// One thread per (token, kv head): logits[b, h, t] = scale * q[b, h] . k[t] for
+// the query heads h of that kv head, and per thread block (a tile of
+// kLogitsTileTokens tokens) the softmax state of each head's logits there.
+// Grid: (token tiles, kv heads, batch); dynamic shared memory: the kv head's
+// query heads, [group_size, head_dim] floats.
+template <typename KeyT>
+__global__ void logits_kernel(const ChunkScoresParams p) {
+  extern __shared__ float group_query[];
+  const int b = blockIdx.z;
+  const int kv_head = blockIdx.y;
+  const int row_len = context_len(p, b);
+  const int first_token = blockIdx.x * kLogitsTileTokens;
+  if (first_token >= row_len) {
+    return;  // the whole tile is past the context: no state is read for it
   }
-  state = block_merge(state);
-  if (threadIdx.x == 0) {
+  const int group_size = p.num_q_heads / p.num_kv_heads;
+  const int64_t first_row =
+      static_cast<int64_t>(b) * p.num_q_heads + kv_head * group_size;
+  for (int i = threadIdx.x; i < group_size * p.head_dim; i += blockDim.x) {
+    group_query[i] = p.scale * p.query[first_row * p.head_dim + i];
+  }
+  __syncthreads();
+
+  const int t = first_token + threadIdx.x;
+  const bool in_context = t < row_len;
+  const KeyT* key = nullptr;
+  if (in_context) {
+    const int64_t block =
+        p.block_table[b * p.block_table_stride + t / p.block_size];
+    key = static_cast<const KeyT*>(p.key_cache.data) +
+          block * p.key_cache.stride_block +
+          (t % p.block_size) * p.key_cache.stride_token +
+          kv_head * p.key_cache.stride_head;
+  }
+  for (int g0 = 0; g0 < group_size; g0 += kGroupTile) {
+    const int tile = min(kGroupTile, group_size - g0);
+    float dots[kGroupTile] = {};
+    if (in_context) {
+      accumulate_dots(key, p.key_cache.stride_dim, p.head_dim,
+                      group_query + g0 * p.head_dim, tile, dots);
+    }
+#pragma unroll
+    for (int g = 0; g < kGroupTile; ++g) {
+      if (g < tile) {
+        const int64_t row = first_row + g0 + g;
+        AttentionState state;
+        if (in_context) {
+          p.logits[row * p.max_tokens + t] = dots[g];
+          state.update(dots[g]);
+        }
+        state = block_merge(state);
+        if (threadIdx.x == 0) {
+          float* tile_state =
+              p.tile_states + 2 * (row * p.num_token_tiles + blockIdx.x);
+          tile_state[0] = state.max_logit;
+          tile_state[1] = state.denominator;
+        }
+      }
+    }
+  }
+}
+
+// One warp per row (b, h): row_lse[b, h] = log-sum-exp of logits[b, h, :L_b],
+// merged from the softmax states of the row's tiles in the context.
+__global__ void row_lse_kernel(const ChunkScoresParams p) {
+  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= p.batch * p.num_q_heads) {
+    return;
+  }
+  const int row_len = context_len(p, row / p.num_q_heads);
+  const int num_tiles = (row_len + kLogitsTileTokens - 1) / kLogitsTileTokens;
+  const float* row_states =
+      p.tile_states + 2 * static_cast<int64_t>(row) * p.num_token_tiles;
+  AttentionState state;
+  for (int tile = lane; tile < num_tiles; tile += kWarpSize) {
+    state.merge(AttentionState{row_states[2 * tile], row_states[2 * tile + 1]});
+  }
+  state = warp_merge(state);
+  if (lane == 0) {
     p.row_lse[row] = state.lse();
   }
 }
@@ -153,9 +241,11 @@ __global__ void chunk_average_kernel(const ChunkScoresParams p) {
 
 template <typename KeyT>
 void launch_logits(const ChunkScoresParams& params, cudaStream_t stream) {
-  const dim3 grid((params.max_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock,
-                  params.num_kv_heads, params.batch);
-  logits_kernel<KeyT><<<grid, kThreadsPerBlock, 0, stream>>>(params);
+  const dim3 grid(params.num_token_tiles, params.num_kv_heads, params.batch);
+  const size_t query_bytes = sizeof(float) * params.head_dim *
+                             (params.num_q_heads / params.num_kv_heads);
+  logits_kernel<KeyT>
+      <<<grid, kLogitsTileTokens, query_bytes, stream>>>(params);
 }
 
 }  // namespace
@@ -176,8 +266,9 @@ cudaError_t launch_chunk_scores(const ChunkScoresParams& params,
       launch_logits<__nv_bfloat16>(params, stream);
       break;
   }
-  row_lse_kernel<<<params.batch * params.num_q_heads, kThreadsPerBlock, 0,
-                   stream>>>(params);
+  const int num_rows = params.batch * params.num_q_heads;
+  row_lse_kernel<<<(num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock,
+                   kThreadsPerBlock, 0, stream>>>(params);
   chunk_average_kernel<<<dim3(params.num_chunks, params.batch),
                          kThreadsPerBlock, 0, stream>>>(params);
   return cudaGetLastError();

@@ -8,6 +8,10 @@
 
 namespace specextend {
 
+// Tokens per thread block of the logits pass, one thread each: the unit of the
+// softmax states it leaves for the row log-sum-exp.
+constexpr int kLogitsTileTokens = 256;
+
 enum class KeyDType { kFloat32, kFloat16, kBFloat16 };
 
 // A [num_blocks, block_size, num_kv_heads, head_dim] view of a paged key
@@ -36,8 +40,11 @@ struct ChunkScoresParams {
   int chunk_size;
   int num_chunks;
   float scale;
-  float* logits;   // scratch [batch, num_q_heads, max_tokens]
-  float* row_lse;  // [batch, num_q_heads]: log-sum-exp of each row of logits
+  float* logits;       // scratch [batch, num_q_heads, max_tokens]
+  float* tile_states;  // scratch [batch, num_q_heads, num_token_tiles, 2]: the
+                       // (max, denominator) of each tile of a row's logits
+  int num_token_tiles;  // ceil(max_tokens / kLogitsTileTokens)
+  float* row_lse;       // [batch, num_q_heads]: log-sum-exp of each row of logits
   float* scores;   // [batch, num_chunks], contiguous
 };
 

@@ -37,6 +37,13 @@ at::Tensor chunk_scores_cuda(const at::Tensor& query,
                              double scale, int64_t num_chunks) {
   const ChunkScoresShape shape = check_chunk_scores_inputs(
       query, key_cache, block_table, context_lens, chunk_size, num_chunks);
+  // The logits pass keeps a kv head's query heads in shared memory.
+  const int64_t group_query_bytes = static_cast<int64_t>(sizeof(float)) *
+                                    shape.head_dim *
+                                    (shape.num_q_heads / shape.num_kv_heads);
+  TORCH_CHECK(group_query_bytes <= 48 * 1024,
+              "chunk_scores: the query heads of one kv head take ",
+              group_query_bytes, " bytes; the CUDA kernel holds at most 48 KiB");
   const c10::cuda::CUDAGuard device_guard(query.device());
   const at::Tensor query_f32 = query.to(at::kFloat).contiguous();
   const at::Tensor block_table_c = block_table.contiguous();
@@ -46,6 +53,10 @@ at::Tensor chunk_scores_cuda(const at::Tensor& query,
   const at::TensorOptions float_options = query.options().dtype(at::kFloat);
   at::Tensor logits =
       at::empty({shape.batch, shape.num_q_heads, max_tokens}, float_options);
+  const int64_t num_token_tiles =
+      (max_tokens + kLogitsTileTokens - 1) / kLogitsTileTokens;
+  at::Tensor tile_states = at::empty(
+      {shape.batch, shape.num_q_heads, num_token_tiles, 2}, float_options);
   at::Tensor row_lse = at::empty({shape.batch, shape.num_q_heads}, float_options);
   at::Tensor scores = at::empty({shape.batch, num_chunks}, float_options);
 
@@ -67,6 +78,8 @@ at::Tensor chunk_scores_cuda(const at::Tensor& query,
       checked_int(num_chunks, "num_chunks"),
       static_cast<float>(scale),
       logits.data_ptr<float>(),
+      tile_states.data_ptr<float>(),
+      checked_int(num_token_tiles, "num_token_tiles"),
       row_lse.data_ptr<float>(),
       scores.data_ptr<float>()};
   const cudaError_t status =
