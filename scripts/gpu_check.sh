@@ -49,4 +49,4 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 echo "== CUDA scorer timings"
 results="${SPECEXTEND_GPU_RESULTS:-benchmarks/results}"
-"$python" -m benchmarks.kernels.bench_chunk_scores_cuda --output "$results/scorer_cuda.json"
+"$python" -m benchmarks.kernels.bench_chunk_scores --device cuda --output "$results/scorer_cuda.json"
