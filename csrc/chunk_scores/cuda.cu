@@ -88,14 +88,15 @@ __device__ __forceinline__ int context_len(const ChunkScoresParams& p, int b) {
 // products stay in registers.
 constexpr int kGroupTile = 8;
 
-// dots[g] += query[g, :] . key[:] for g < tile; query in shared memory
-// ([tile, head_dim], scaled), key one token's row of one kv head. Rows whose
+// dots[g] += query[g, :] . key[:] for g < num_heads; query in shared memory
+// ([num_heads, head_dim], scaled), key one token's row of one kv head. Rows whose
 // elements are contiguous and 16-byte aligned are read 16 bytes at a time.
 template <typename KeyT>
 __device__ __forceinline__ void accumulate_dots(const KeyT* key,
                                                 int64_t stride_dim,
                                                 int head_dim,
-                                                const float* query, int tile,
+                                                const float* query,
+                                                int num_heads,
                                                 float (&dots)[kGroupTile]) {
   constexpr int kVector = 16 / sizeof(KeyT);
   const bool vectorized = stride_dim == 1 && head_dim % kVector == 0 &&
@@ -109,7 +110,7 @@ __device__ __forceinline__ void accumulate_dots(const KeyT* key,
         const float k = to_float(values[i]);
 #pragma unroll
         for (int g = 0; g < kGroupTile; ++g) {
-          if (g < tile) {
+          if (g < num_heads) {
             dots[g] += query[g * head_dim + d0 + i] * k;
           }
         }
@@ -121,7 +122,7 @@ __device__ __forceinline__ void accumulate_dots(const KeyT* key,
     const float k = to_float(key[d * stride_dim]);
 #pragma unroll
     for (int g = 0; g < kGroupTile; ++g) {
-      if (g < tile) {
+      if (g < num_heads) {
         dots[g] += query[g * head_dim + d] * k;
       }
     }
@@ -163,15 +164,15 @@ __global__ void logits_kernel(const ChunkScoresParams p) {
           kv_head * p.key_cache.stride_head;
   }
   for (int g0 = 0; g0 < group_size; g0 += kGroupTile) {
-    const int tile = min(kGroupTile, group_size - g0);
+    const int num_heads = min(kGroupTile, group_size - g0);
     float dots[kGroupTile] = {};
     if (in_context) {
       accumulate_dots(key, p.key_cache.stride_dim, p.head_dim,
-                      group_query + g0 * p.head_dim, tile, dots);
+                      group_query + g0 * p.head_dim, num_heads, dots);
     }
 #pragma unroll
     for (int g = 0; g < kGroupTile; ++g) {
-      if (g < tile) {
+      if (g < num_heads) {
         const int64_t row = first_row + g0 + g;
         AttentionState state;
         if (in_context) {
