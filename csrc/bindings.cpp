@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "chunk_scores/cpu.h"
+#include "int8_linear/cpu.h"
 #include "paged_prefix_attention/cpu.h"
 
 namespace specextend {
@@ -18,6 +19,10 @@ TORCH_LIBRARY(specextend, m) {
       "chunk_scores(Tensor query, Tensor key_cache, Tensor block_table, "
       "Tensor context_lens, int chunk_size, float scale, int num_chunks) "
       "-> Tensor");
+  m.set_python_module("specextend_vllm.ops.int8_linear");
+  m.def(
+      "int8_linear(Tensor input, Tensor weight, Tensor weight_scales, "
+      "Tensor? bias) -> Tensor");
   m.set_python_module("specextend_vllm.ops.paged_prefix_attention");
   m.def(
       "paged_prefix_attention(Tensor query, Tensor key_cache, "
@@ -27,6 +32,7 @@ TORCH_LIBRARY(specextend, m) {
 
 TORCH_LIBRARY_IMPL(specextend, CPU, m) {
   m.impl("chunk_scores", &chunk_scores_cpu);
+  m.impl("int8_linear", &int8_linear_cpu);
   m.impl("paged_prefix_attention", &paged_prefix_attention_cpu);
 }
 

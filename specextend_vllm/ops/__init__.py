@@ -14,6 +14,7 @@ except ImportError as error:
     ) from error
 
 from specextend_vllm.ops.chunk_scores import chunk_scores, chunk_scores_reference
+from specextend_vllm.ops.int8_linear import int8_linear, int8_linear_reference
 from specextend_vllm.ops.paged_prefix_attention import (
     paged_prefix_attention,
     paged_prefix_attention_reference,
@@ -22,6 +23,8 @@ from specextend_vllm.ops.paged_prefix_attention import (
 __all__ = [
     "chunk_scores",
     "chunk_scores_reference",
+    "int8_linear",
+    "int8_linear_reference",
     "paged_prefix_attention",
     "paged_prefix_attention_reference",
 ]

@@ -12,6 +12,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 from specextend_vllm.algorithm import kv_cache_layout
 from specextend_vllm.algorithm.int8_rows import quantize_rows
 from specextend_vllm.config import METHOD_NAME
+from specextend_vllm.vllm_access.cpu_int8 import SmallBatchInt8Linear, cpu_flags, has_small_batch_kernel
 from specextend_vllm.vllm_access.parallel import sum_over_tensor_parallel_ranks
 
 
@@ -88,9 +89,10 @@ def lm_head_logits(
 
 class Int8RowsLogits:
     """hidden states [T, H] -> logits [T, N]: the N rows in int8 with one scale per row,
-    the hidden states quantized per token, multiplied on vLLM's CPU int8 GEMM (oneDNN,
-    prepacked), as vLLM runs the int8 draft's other linear layers. The GEMM reads the
-    weights and scales it was made with at its calls: they are kept."""
+    the hidden states quantized per token, multiplied as the int8 draft's other linear
+    layers are: on `SmallBatchInt8Linear` where this CPU runs it vectorized, else on vLLM's
+    CPU int8 GEMM (oneDNN, prepacked). The GEMM reads the weights and scales it was made
+    with at its calls: they are kept."""
 
     def __init__(self, rows: torch.Tensor):
         from vllm import _custom_ops as ops
@@ -100,10 +102,17 @@ class Int8RowsLogits:
         self._gemm = ops.create_onednn_scaled_mm(
             self._weights.t(), self._scales, rows.dtype, True, False, 32
         )
+        self._small_batches = (
+            SmallBatchInt8Linear(self._weights, self._scales, self._gemm.handler_tensor)
+            if has_small_batch_kernel(cpu_flags())
+            else None
+        )
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
         from vllm import _custom_ops as ops
 
+        if self._small_batches is not None:
+            return self._small_batches(hidden_states)
         quantized, token_scales, _ = ops.onednn_scaled_int8_quant(hidden_states.contiguous(), None, None, True)
         logits = hidden_states.new_empty((hidden_states.shape[0], self.num_rows))
         ops.onednn_scaled_mm(self._gemm, quantized, logits, token_scales, None, None, None)

@@ -5,7 +5,9 @@ ranks. Output stays the target's, drafts are accepted on the reduced cache, and 
 that ran is the int8 one: every linear layer int8 but the one the checkpoint left in fp32
 (vLLM names the draft's layers under the prefix `draft_model.`, where the checkpoint's
 list of unquantized layers matched nothing before the plugin extended it), and its logits
-come from its LM head in int8 (`draft_lm_head: auto`) where the CPU has int8 dot products."""
+come from its LM head in int8 (`draft_lm_head: auto`) where the CPU has int8 dot products.
+Where the plugin's small-batch int8 kernel runs vectorized (AVX-512 VNNI), the draft's int8
+layers take it (`ops.int8_linear` for up to 4 tokens, oneDNN beyond)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,12 @@ from typing import Any
 import pytest
 
 from specextend_vllm import retrieval_stats
-from specextend_vllm.vllm_access.cpu_int8 import cpu_flags, has_int8_dot_products
+from specextend_vllm.vllm_access.cpu_int8 import (
+    SmallBatchInt8Linear,
+    cpu_flags,
+    has_int8_dot_products,
+    has_small_batch_kernel,
+)
 from tests.harness import (
     MAX_TOKENS,
     generate_ids,
@@ -43,15 +50,24 @@ class Int8Run:
     draft_logits: list[str]
 
 
-def draft_linear_schemes(worker: Any) -> dict[str, str]:
-    """Each linear layer of the draft on one rank: its quantization scheme, or "none"."""
+def linear_schemes(model: Any) -> dict[str, str]:
+    """Each linear layer of a model: its quantization scheme, or "none", and for int8 layers
+    the kernel they run on: vLLM's (oneDNN) or the plugin's for small batches."""
     from vllm.model_executor.layers.linear import LinearBase
 
-    return {
-        name: type(module.scheme).__name__ if hasattr(module, "scheme") else "none"
-        for name, module in worker.model_runner.drafter.model.named_modules()
-        if isinstance(module, LinearBase)
-    }
+    def scheme(module: Any) -> str:
+        if not hasattr(module, "scheme"):
+            return "none"
+        linear_method = getattr(module.scheme.kernel, "linear_method", None)
+        on_small_batch_kernel = type(getattr(linear_method, "__self__", None)) is SmallBatchInt8Linear
+        return type(module.scheme).__name__ + ("+small_batches" if on_small_batch_kernel else "")
+
+    return {name: scheme(module) for name, module in model.named_modules() if isinstance(module, LinearBase)}
+
+
+def draft_linear_schemes(worker: Any) -> dict[str, str]:
+    """`linear_schemes` of the draft on one rank."""
+    return linear_schemes(worker.model_runner.drafter.model)
 
 
 def draft_logits(worker: Any) -> str:
@@ -76,9 +92,10 @@ def decode_with(target: Path, draft: Path, prompts: list[list[int]], **overrides
 
 def assert_int8_lossless_and_accepted(run: Int8Run, plain_outputs: list[list[int]]) -> None:
     assert run.outputs == plain_outputs
+    small_batch_kernel = has_small_batch_kernel(cpu_flags())
     for schemes in run.draft_linear_schemes:
         assert schemes.pop(KEPT_LAYER) == "none"
-        assert set(schemes.values()) == {INT8}
+        assert set(schemes.values()) == {INT8 + ("+small_batches" if small_batch_kernel else "")}
     int8_head = has_int8_dot_products(cpu_flags()) is not False
     assert set(run.draft_logits) == {"Int8RowsLogits" if int8_head else "method"}
     stats = run.ranks[0]
