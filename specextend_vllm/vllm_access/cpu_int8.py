@@ -143,9 +143,14 @@ class SmallBatchInt8Linear:
 
     def __call__(self, input: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = input.reshape(-1, input.shape[-1])
-        output = torch.ops.specextend.int8_linear_small_batches(
-            rows, self.weight, self.weight_scales, bias, self.onednn_handler
+        # Eager, the function itself: the registered op's dispatch costs more than the kernel
+        # of a small layer (10 against 3 microseconds here).
+        linear = (
+            torch.ops.specextend.int8_linear_small_batches
+            if torch.compiler.is_compiling()
+            else _int8_linear_small_batches
         )
+        output = linear(rows, self.weight, self.weight_scales, bias, self.onednn_handler)
         return output.reshape(*input.shape[:-1], self.weight.shape[0])
 
     def apply_to_layer(self, layer: torch.nn.Module, input: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -90,7 +90,7 @@ def lm_head_logits(
 class Int8RowsLogits:
     """hidden states [T, H] -> logits [T, N]: the N rows in int8 with one scale per row,
     the hidden states quantized per token, multiplied as the int8 draft's other linear
-    layers are: on `SmallBatchInt8Linear` where this CPU runs it vectorized, else on vLLM's
+    layers are: on `SmallBatchInt8Linear` (fp32) where this CPU runs it vectorized, else on vLLM's
     CPU int8 GEMM (oneDNN, prepacked). The GEMM reads the weights and scales it was made
     with at its calls: they are kept."""
 
@@ -104,7 +104,7 @@ class Int8RowsLogits:
         )
         self._small_batches = (
             SmallBatchInt8Linear(self._weights, self._scales, self._gemm.handler_tensor)
-            if has_small_batch_kernel(cpu_flags())
+            if has_small_batch_kernel(cpu_flags()) and rows.dtype == torch.float32
             else None
         )
 
