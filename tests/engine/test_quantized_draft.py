@@ -1,7 +1,7 @@
 """An int8 draft (W8A8 from llmcompressor, run by vLLM's int8 kernels) beside an fp32
 target on every path of the method: retrieval on working copies with hybrid verification,
-compact positions with a dynamic tree, a draft with its own tokenizer, two tensor-parallel
-ranks. Output stays the target's, drafts are accepted on the reduced cache, and the draft
+compact positions with a dynamic tree, compiled, a draft with its own tokenizer, two
+tensor-parallel ranks. Output stays the target's, drafts are accepted on the reduced cache, and the draft
 that ran is the int8 one: every linear layer int8 but the one the checkpoint left in fp32
 (vLLM names the draft's layers under the prefix `draft_model.`, where the checkpoint's
 list of unquantized layers matched nothing before the plugin extended it), and its logits
@@ -128,6 +128,16 @@ def test_int8_draft_on_compact_positions_with_a_dynamic_tree(
     )
     assert_int8_lossless_and_accepted(run, plain_outputs)
     assert run.ranks[0]["compact_draft_steps"] > 0
+
+
+def test_int8_draft_compiled(
+    tiny_models: dict[str, Path], int8_draft: Path, prompts: list[list[int]], plain_outputs: list[list[int]]
+) -> None:
+    """vLLM's default mode compiles the draft too, its int8 layers on the small-batch kernel
+    included (that the choice by the number of tokens stays one op in one graph is
+    `tests/kernels/test_int8_linear.py`'s; here either choice would be lossless)."""
+    run = decode_with(tiny_models["target"], int8_draft, prompts, enforce_eager=False)(positions="absolute")
+    assert_int8_lossless_and_accepted(run, plain_outputs)
 
 
 def test_int8_draft_with_its_own_tokenizer(
