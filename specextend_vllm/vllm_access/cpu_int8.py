@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 from torch.library import Library
+from vllm import _custom_ops as vllm_ops
+from vllm.utils.torch_utils import direct_register_custom_op
 
 from specextend_vllm.ops import int8_linear
 from specextend_vllm.vllm_access import logger
@@ -93,9 +95,7 @@ def _int8_linear_small_batches(
 ) -> torch.Tensor:  # [M, N] float32
     if input.shape[0] <= SMALL_BATCH_MAX_ROWS:
         return int8_linear(input, weight, weight_scales, bias)
-    from vllm import _custom_ops as ops
-
-    quantized, token_scales, _ = ops.onednn_scaled_int8_quant(input.contiguous(), None, None, True)
+    quantized, token_scales, _ = vllm_ops.onednn_scaled_int8_quant(input.contiguous(), None, None, True)
     output = input.new_empty(input.shape[0], weight.shape[0])
     torch.ops._C.onednn_scaled_mm(output, quantized, token_scales, None, None, bias, onednn_handler)
     return output
@@ -114,21 +114,13 @@ def _int8_linear_small_batches_fake(
 # One op, opaque to torch.compile: the choice depends on the number of tokens, which a
 # compiled graph sees only as a symbol.
 _LIBRARY = Library("specextend", "FRAGMENT")
-
-
-def _register_small_batch_op() -> None:
-    from vllm.utils.torch_utils import direct_register_custom_op
-
-    direct_register_custom_op(
-        "int8_linear_small_batches",
-        _int8_linear_small_batches,
-        fake_impl=_int8_linear_small_batches_fake,
-        target_lib=_LIBRARY,
-        dispatch_key="CPU",
-    )
-
-
-_register_small_batch_op()
+direct_register_custom_op(
+    "int8_linear_small_batches",
+    _int8_linear_small_batches,
+    fake_impl=_int8_linear_small_batches_fake,
+    target_lib=_LIBRARY,
+    dispatch_key="CPU",
+)
 
 
 class SmallBatchInt8Linear:
