@@ -20,7 +20,6 @@ benchmarks/results/draft_int8_kernel.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -30,7 +29,7 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the switch ru
 
 from benchmarks import assets, engine  # noqa: E402
 from benchmarks.draft_cost import DEFAULT_TEXT, summary  # noqa: E402
-from benchmarks.method_cost import MAX_DECODE_STEP_TOKENS, PER_STEP_FIELDS  # noqa: E402
+from benchmarks.method_cost import PER_STEP_FIELDS, decode_once, ms  # noqa: E402
 from benchmarks.prompts import summary_prompt  # noqa: E402
 
 KERNELS = ("plugin", "onednn")
@@ -61,20 +60,6 @@ def use_kernel(worker: Any, kernel: str) -> int:
             logits.plugin_small_batches = logits._small_batches
         logits._small_batches = logits.plugin_small_batches if kernel == "plugin" else None
     return switched
-
-
-def decode_once(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    from specextend_vllm import step_timings
-
-    step_timings(llm)
-    [figures], _ = engine.generate(llm, [prompt], max_tokens)
-    steps = engine.time_breakdown(step_timings(llm)[0], MAX_DECODE_STEP_TOKENS, figures.decode_s)
-    return {
-        **{field: steps.get(field, 0.0) for field in PER_STEP_FIELDS},
-        "tokens_per_s": (max_tokens - 1) / figures.decode_s,
-        "mean_acceptance_length": engine.mean_acceptance_length([figures]),
-        "tokens": figures.tokens,
-    }
 
 
 def main() -> None:
@@ -130,18 +115,10 @@ def main() -> None:
         llm.collective_rpc(use_kernel, args=("plugin",))
         engine.close(llm)
     print_table(results)
-    engine.RESULTS.mkdir(exist_ok=True)
-    path = engine.RESULTS / f"{args.output}.json"
-    record = {"args": vars(args), "machine": engine.machine(), "results": results}
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"saved {path}")
+    print(f"saved {engine.save_record(args.output, args, results)}")
 
 
 def print_table(results: dict[str, dict[str, Any]]) -> None:
-    def ms(figures: dict[str, Any], field: str) -> str:
-        cell = figures[field]
-        return f"{1000 * cell['median']:.1f} ({1000 * cell['min']:.1f}-{1000 * cell['max']:.1f})"
-
     print(
         "\n| context | kernel | later draft pass ms | first draft pass ms | proposal ms | target forward ms"
         " | decode tokens/s | mean acceptance length | same output |"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import os
 import platform
 import time
@@ -65,6 +66,15 @@ def make_llm(target: Path | str, speculative_config: dict[str, Any] | None, max_
         seed=0,
         **kwargs,
     )
+
+
+def save_record(output: str, args: Any, results: dict[str, Any]) -> Path:
+    """Writes benchmarks/results/<output>.json: the arguments, the machine and the results."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{output}.json"
+    record = {"args": vars(args), "machine": machine(), "results": results}
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
 
 
 def specextend_every_step(draft: Path, num_speculative_tokens: int) -> dict[str, Any]:

@@ -24,7 +24,6 @@ share of the step. Saved to benchmarks/results/method_cost.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -55,8 +54,8 @@ MAX_DECODE_STEP_TOKENS = 64
 
 
 def decode_once(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    """One timed decode of the (cached) prompt: per-step means of the step timings and the
-    mean acceptance length."""
+    """One timed decode of the (cached) prompt: per-step means of the step timings, the
+    mean acceptance length and the output tokens."""
     from specextend_vllm import step_timings
 
     step_timings(llm)
@@ -66,6 +65,7 @@ def decode_once(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
         **{field: steps.get(field, 0.0) for field in PER_STEP_FIELDS},
         "tokens_per_s": (max_tokens - 1) / figures.decode_s,
         "mean_acceptance_length": engine.mean_acceptance_length([figures]),
+        "tokens": figures.tokens,
     }
 
 
@@ -116,11 +116,13 @@ def main() -> None:
     finally:
         engine.close(llm)
     print_table(results)
-    engine.RESULTS.mkdir(exist_ok=True)
-    path = engine.RESULTS / f"{args.output}.json"
-    record = {"args": vars(args), "machine": engine.machine(), "results": results}
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"saved {path}")
+    print(f"saved {engine.save_record(args.output, args, results)}")
+
+
+def ms(figures: dict[str, Any], field: str) -> str:
+    """A timing's median (min-max) in milliseconds."""
+    cell = figures[field]
+    return f"{1000 * cell['median']:.1f} ({1000 * cell['min']:.1f}-{1000 * cell['max']:.1f})"
 
 
 def print_table(results: dict[str, dict[str, Any]]) -> None:
@@ -133,10 +135,6 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
     print("|---" * 8 + "|")
     for length, settings in results.items():
         cmr, native, full = (settings[name] for name in SETTINGS)
-
-        def ms(figures: dict[str, Any], field: str) -> str:
-            cell = figures[field]
-            return f"{1000 * cell['median']:.1f} ({1000 * cell['min']:.1f}-{1000 * cell['max']:.1f})"
 
         share = cmr["retrieval_s"]["median"] / cmr["step_s"]["median"]
         print(
