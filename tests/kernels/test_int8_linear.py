@@ -1,7 +1,8 @@
 """The int8 linear op on the CPU: the kernel equals its reference to the bit (integer dot
 products are exact, and the scaling is rounded alike), against a float computation within
-the quantization's error, and with vLLM's oneDNN GEMM behind `SmallBatchInt8Linear` for
-batches past the kernel's."""
+the quantization's error. No vLLM here (`scripts/gpu_check.sh` runs these where there is
+none): `SmallBatchInt8Linear`, which puts vLLM's oneDNN GEMM behind the kernel, is tested in
+`tests/unit/test_cpu_int8.py`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 import torch
 
 from specextend_vllm import ops
-from specextend_vllm.vllm_access.cpu_int8 import SMALL_BATCH_MAX_ROWS, SmallBatchInt8Linear
 
 
 def random_layer(out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,37 +77,3 @@ def test_op_registration_and_fake_kernel(with_bias: bool) -> None:
         torch.ops.specextend.int8_linear.default,
         (torch.randn(3, 64), weight, weight_scales, bias if with_bias else None),
     )
-
-
-@pytest.mark.parametrize("rows", [1, SMALL_BATCH_MAX_ROWS, SMALL_BATCH_MAX_ROWS + 1, 16])
-def test_small_batches_take_the_kernel_and_larger_ones_onednn(rows: int) -> None:
-    from vllm import _custom_ops as vllm_ops
-
-    weight, weight_scales, bias = random_layer(48, 128, seed=4)
-    onednn = vllm_ops.create_onednn_scaled_mm(weight.t(), weight_scales[:, None], torch.float32, True, False, 32)
-    layer = SmallBatchInt8Linear(weight, weight_scales[:, None], onednn.handler_tensor)
-    input = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
-    output = layer(input.view(1, rows, 128), bias)
-    reference = ops.int8_linear_reference(input, weight, weight_scales, bias)
-    assert output.shape == (1, rows, 48)
-    if rows <= SMALL_BATCH_MAX_ROWS:
-        assert torch.equal(output[0], reference)
-    else:
-        torch.testing.assert_close(output[0], reference, rtol=1e-5, atol=1e-5)
-
-
-def test_the_choice_stays_inside_one_compiled_graph() -> None:
-    """Compiled, the number of tokens is a symbol: choosing in traced Python would guard on
-    it and compile again (or keep one choice for every size)."""
-    from torch._dynamo.testing import CompileCounter
-    from vllm import _custom_ops as vllm_ops
-
-    weight, weight_scales, bias = random_layer(16, 64, seed=5)
-    onednn = vllm_ops.create_onednn_scaled_mm(weight.t(), weight_scales[:, None], torch.float32, True, False, 32)
-    layer = SmallBatchInt8Linear(weight, weight_scales, onednn.handler_tensor)
-    compile_counter = CompileCounter()
-    compiled = torch.compile(lambda input: layer(input, bias), backend=compile_counter, dynamic=True, fullgraph=True)
-    for rows in (2, 9, 3):  # not 1: torch.compile specializes sizes 0 and 1
-        input = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
-        torch.testing.assert_close(compiled(input), layer(input, bias), rtol=0, atol=0)
-    assert compile_counter.frame_count == 1

@@ -2,11 +2,14 @@
 imported only by the access layer (with the runtime seams) and the patches; the algorithm
 imports nothing of the package above it; `patches/` holds registered patches only; the
 rooms (retrieval, trees, verification) reach each other only as ROOM_DEPENDENCIES allows
-and never the proposer, which only the runner's patch builds."""
+and never the proposer, which only the runner's patch builds; the kernel tests import no vLLM
+(`scripts/gpu_check.sh` runs them on CUDA machines that have torch and no vLLM)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import specextend_vllm
@@ -134,3 +137,22 @@ def test_only_the_runner_patch_builds_the_proposer() -> None:
         module for module, names in MODULES.items() if "specextend_vllm.proposer" in names
     }
     assert importers == {"specextend_vllm.patches.runner"}
+
+
+WITHOUT_VLLM = """
+import importlib.abc, sys
+class NoVllm(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "vllm":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoVllm())
+import pytest
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "tests/kernels"]))
+"""
+
+
+def test_the_kernel_tests_import_no_vllm() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_VLLM], cwd=PACKAGE_ROOT.parent, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
