@@ -188,7 +188,7 @@ at::Tensor int8_linear_cpu(const at::Tensor& input, const at::Tensor& weight,
   const int64_t num_tasks = (out_features + kRowsPerTask - 1) / kRowsPerTask;
   static const DotRows dot_rows = pick_dot_rows();
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int8_t> padded_rows(kRowsPerBlock * in_features, 0);
+    std::vector<int8_t> padded_rows;  // a last block short of kRowsPerBlock rows
     std::vector<int32_t> sums(num_rows * kRowsPerBlock);
     for (int64_t block = begin * kRowsPerTask / kRowsPerBlock;
          block * kRowsPerBlock < std::min(end * kRowsPerTask, out_features);
@@ -197,6 +197,7 @@ at::Tensor int8_linear_cpu(const at::Tensor& input, const at::Tensor& weight,
       const int64_t block_rows = std::min(kRowsPerBlock, out_features - first);
       const int8_t* weight_rows = weight_data + first * in_features;
       if (block_rows < kRowsPerBlock) {
+        padded_rows.assign(kRowsPerBlock * in_features, 0);
         std::copy(weight_rows, weight_rows + block_rows * in_features,
                   padded_rows.begin());
         weight_rows = padded_rows.data();
