@@ -42,6 +42,7 @@ def machine() -> dict[str, Any]:
         "cpu": cpu_model,
         "cores": os.cpu_count(),
         "cpu_int8_dot_products": has_int8_dot_products(cpu_flags()),
+        "allocator": "tcmalloc" if "libtcmalloc" in os.environ.get("LD_PRELOAD", "") else "system malloc",
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 "${SPECEXTEND_VENV:-.venv}/bin/python" -m benchmarks.assets
+source scripts/cpu_allocator.sh
 log="${SPECEXTEND_DEMO_LOG:-/tmp/specextend-demo.log}"
 echo "== the demo: vLLM's logs go to $log"
 if ! VLLM_LOGGING_STREAM=ext://sys.stderr "${SPECEXTEND_VENV:-.venv}/bin/python" -m benchmarks.demo "$@" 2>"$log"; then
