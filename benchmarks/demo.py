@@ -84,7 +84,7 @@ def run_method(
     accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
     draft_tokens = after.get("num_draft_tokens", 0) - before.get("num_draft_tokens", 0)
     speeds = [len(tokens) / seconds for seconds in decode_s]
-    steps = engine.time_breakdown(step_timings(llm)[0], MAX_DECODE_STEP_TOKENS, sum(decode_s))
+    steps = engine.time_breakdown(step_timings(llm)[0], engine.MAX_DECODE_STEP_TOKENS, sum(decode_s))
     result = {
         "prefill_s": prefill_s,
         "decode_s": decode_s,
@@ -107,10 +107,6 @@ def run_method(
     engine.close(llm)
     progress(f"{name}: {result['decode_tokens_per_s']:.2f} decode tokens/s")
     return result
-
-
-# Decoding steps verify at most this many tokens; longer steps are prefill.
-MAX_DECODE_STEP_TOKENS = 64
 
 
 def draft_cost(result: dict[str, Any], target_step_s: float) -> float:

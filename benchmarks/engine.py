@@ -23,6 +23,8 @@ os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
 
 RESULTS = Path(__file__).parent / "results"
+# Decoding steps verify at most this many tokens; longer steps are prefill.
+MAX_DECODE_STEP_TOKENS = 64
 
 
 def machine() -> dict[str, Any]:

@@ -49,8 +49,6 @@ PER_STEP_FIELDS = (
     "chunk_scores_s",
     "working_copies_s",
 )
-# Decoding steps verify at most this many tokens; longer steps are prefill.
-MAX_DECODE_STEP_TOKENS = 64
 
 
 def decode_once(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
@@ -60,7 +58,7 @@ def decode_once(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
 
     step_timings(llm)
     [figures], _ = engine.generate(llm, [prompt], max_tokens)
-    steps = engine.time_breakdown(step_timings(llm)[0], MAX_DECODE_STEP_TOKENS, figures.decode_s)
+    steps = engine.time_breakdown(step_timings(llm)[0], engine.MAX_DECODE_STEP_TOKENS, figures.decode_s)
     return {
         **{field: steps.get(field, 0.0) for field in PER_STEP_FIELDS},
         "tokens_per_s": (max_tokens - 1) / figures.decode_s,
