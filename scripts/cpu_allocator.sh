@@ -4,7 +4,7 @@
 # is a fresh mmap, faulted in page by page at each use, which slows prefills (README: Deploying
 # on CPU). SPECEXTEND_TCMALLOC=off runs with glibc's malloc.
 if [ "${SPECEXTEND_TCMALLOC:-on}" != off ] && [[ "${LD_PRELOAD:-}" != *libtcmalloc* ]]; then
-  tcmalloc="$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 / && !found {print $NF; found = 1}')"
+  tcmalloc="$(bash scripts/tcmalloc_path.sh)"
   if [ -n "$tcmalloc" ]; then
     export LD_PRELOAD="$tcmalloc${LD_PRELOAD:+:$LD_PRELOAD}"
     echo "== preloading $tcmalloc (vLLM's CPU guide; SPECEXTEND_TCMALLOC=off runs without)"

@@ -38,7 +38,7 @@ except metadata.PackageNotFoundError:
 PY
 # TCMalloc, which vLLM's CPU guide preloads (scripts/cpu_allocator.sh): from the system's
 # packages where this runs as root with apt; otherwise the scripts run on glibc's malloc.
-if [ -z "$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 / {print $NF}')" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ -z "$(bash scripts/tcmalloc_path.sh)" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "== installing libtcmalloc-minimal4 (apt)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libtcmalloc-minimal4 >/dev/null 2>&1 \
     || echo "== libtcmalloc-minimal4 could not be installed: the scripts run on glibc's malloc" >&2
