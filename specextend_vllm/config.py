@@ -101,6 +101,13 @@ class SpecExtendConfig:
         prefill, before the first token. `deferred`: not in steps that only prefill; the
         request's first drafting step writes it, after the first token (the first token
         comes as soon as without speculation; the second one later by the draft's prefill).
+    draft_prefill_window: how much of a prompt the draft attends to while it writes its
+        KV of the prompt (its passes over more than `num_speculative_tokens` + 1 tokens of
+        a request: prefills and catch-up passes). A number W: each piece of 4 KV blocks
+        attends to the prompt's first KV block (an attention sink) and to the W tokens
+        before it (whole blocks), so a long prompt's draft prefill costs linearly, not
+        quadratically (`algorithm.prefill_window`). Unset: the whole prompt before each
+        token. Only the draft's KV differs, so only its proposals: the target verifies.
     tree: the shape of each step's drafts. `chain`: `num_speculative_tokens` tokens one
         after the other. A list of paths of child ranks, such as `[[0], [1], [0, 0]]`:
         a static token tree of `num_speculative_tokens` nodes (`[1]` is the root's second
@@ -133,6 +140,7 @@ class SpecExtendConfig:
     drafting: Drafting = "auto"
     retrieval: Retrieval = "auto"
     draft_prefill: DraftPrefill = "eager"
+    draft_prefill_window: int | None = None
     tree: str | tuple[tuple[int, ...], ...] = "chain"
     tree_max_depth: int = 5
     draft_vocab: str | None = None
@@ -143,7 +151,9 @@ class SpecExtendConfig:
         self.draft_vocab_ids()
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name in ("tree", "draft_vocab"):
+            if field.name in ("tree", "draft_vocab") or (
+                field.name == "draft_prefill_window" and value is None
+            ):
                 continue
             if field.name in CHOICE_KEYS:
                 allowed = get_args(CHOICE_KEYS[field.name])
@@ -445,6 +455,15 @@ class SpecExtendConfig:
 
     def uses_compact_positions(self) -> bool:
         return self.policy != "full" and self.positions != "absolute"
+
+    def prefill_window(self) -> int | None:
+        """The window the draft's passes over prompts attend through; None for the whole
+        prompt (`policy: full` drafts as vLLM's `draft_model` does).
+
+        >>> SpecExtendConfig(draft_prefill_window=2048, policy="full").prefill_window() is None
+        True
+        """
+        return None if self.policy == "full" else self.draft_prefill_window
 
     def uses_working_copies(self, block_size: int) -> bool:
         """Whether the draft reads its kept chunks from working copies: on compact

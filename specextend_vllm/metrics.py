@@ -64,6 +64,9 @@ class SpecExtendCounts:
     """Draft passes writing the KV of tokens those steps skipped, before the draft ran again."""
     catch_up_tokens: int = 0
     """Tokens those passes wrote."""
+    windowed_prompt_tokens: int = 0
+    """Tokens of the draft's passes over prompts (and catch-up passes) that attended to
+    the sink block and `draft_prefill_window`, not to everything before them."""
 
     def add(self, other: SpecExtendCounts) -> None:
         for field in dataclasses.fields(self):
@@ -93,6 +96,7 @@ class SpecExtendCounts:
             "skipped_draft_steps": self.skipped_draft_steps,
             "catch_up_passes": self.catch_up_passes,
             "catch_up_tokens": self.catch_up_tokens,
+            "windowed_prompt_tokens": self.windowed_prompt_tokens,
         }
 
 
@@ -156,6 +160,9 @@ class RetrievalMetrics:
 
     def record_skipped_draft_step(self, num_reqs: int) -> None:
         self._new.skipped_draft_steps += num_reqs
+
+    def record_windowed_prompt_tokens(self, num_tokens: int) -> None:
+        self._new.windowed_prompt_tokens += num_tokens
 
     def record_catch_up(self, num_tokens: int) -> None:
         self._new.catch_up_passes += 1

@@ -22,6 +22,7 @@ import torch
 
 from specextend_vllm.algorithm.draft_lag import CatchUp, DraftLag, StepTokens
 from specextend_vllm.algorithm.draft_vocab import scatter_kept_logits
+from specextend_vllm.algorithm.prefill_window import SINK_BLOCKS, windowed_rows
 from specextend_vllm.algorithm.positions import DraftRotation, WorkingCopies
 from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
 from specextend_vllm.metrics import RetrievalMetrics
@@ -54,6 +55,7 @@ from specextend_vllm.vllm_access.runner import (
     extension_attention_metadata,
     request_ids,
     set_forward_context,
+    split_attention_rows,
     token_ids,
 )
 
@@ -379,7 +381,9 @@ class SpecExtendProposer(DraftModelProposer):
             torch.from_numpy(catch_up.starts + catch_up.lengths).to(self.device),
             slot_mapping,
         )
-        _, per_layer_metadata = super().build_per_group_and_layer_attn_metadata(metadata, 0)
+        _, per_layer_metadata = super().build_per_group_and_layer_attn_metadata(
+            self._windowed_prompt_passes(metadata), 0
+        )
         names = self._draft_attn_layer_names
         with set_forward_context(
             per_layer_metadata,
@@ -408,7 +412,37 @@ class SpecExtendProposer(DraftModelProposer):
                 block_table_tensor=block_table,
                 seq_lens=common_attn_metadata.seq_lens - seq_len_offset[:num_rows],
             )
+        if draft_index == 0:
+            common_attn_metadata = self._windowed_prompt_passes(common_attn_metadata)
         return super().build_per_group_and_layer_attn_metadata(common_attn_metadata, draft_index)
+
+    def _windowed_prompt_passes(self, metadata: Any) -> Any:
+        """With `draft_prefill_window`, the pass's requests of more than k + 1 tokens
+        (prompts, catch-up) as rows of pieces, each attending to the sink block and its
+        window (`algorithm.prefill_window`); the metadata as it was otherwise."""
+        window = self.method_config.prefill_window()
+        if window is None:
+            return metadata
+        num_reqs = metadata.num_reqs
+        query_start_loc = metadata.query_start_loc_cpu[: num_reqs + 1].numpy().astype(np.int64)
+        long_queries = np.diff(query_start_loc) > self.max_drafts + 1
+        if not long_queries.any():
+            return metadata
+        seq_lens = metadata.seq_lens[:num_reqs].cpu().numpy().astype(np.int64)
+        split = windowed_rows(query_start_loc, seq_lens, long_queries, window, self.block_size)
+        if split is None:
+            return metadata
+        block_table = metadata.block_table_tensor[torch.from_numpy(split.rows).to(self.device)]
+        block_table = block_table.gather(1, split.block_indices(block_table.shape[1], self.device))
+        windowed = split_attention_rows(
+            metadata, split.rows, split.query_start_loc, split.cut, block_table
+        )
+        if windowed is None:
+            return metadata
+        self.metrics.record_windowed_prompt_tokens(
+            int(np.diff(split.query_start_loc)[split.tail_start_block > SINK_BLOCKS].sum())
+        )
+        return windowed
 
     def set_inputs_first_pass(self, *args: Any, **kwargs: Any) -> Any:
         num_tokens, sample_rows, metadata = super().set_inputs_first_pass(*args, **kwargs)

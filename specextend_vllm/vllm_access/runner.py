@@ -3,6 +3,7 @@ context a draft pass runs in."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ __all__ = [
     "extension_attention_metadata",
     "request_ids",
     "set_forward_context",
+    "split_attention_rows",
     "token_ids",
 ]
 
@@ -54,4 +56,64 @@ def extension_attention_metadata(
         block_table_tensor=block_table,
         slot_mapping=slot_mapping,
         seq_lens_cpu_upper_bound=seq_lens_cpu,
+    )
+
+
+# Per-request fields of other attention features (encoder, context parallelism,
+# multimodal prefix LM, R-SWA, Mamba): a pass carrying one is not split into rows.
+_UNSPLIT_REQUEST_FIELDS = (
+    "encoder_seq_lens",
+    "encoder_seq_lens_cpu",
+    "dcp_local_seq_lens",
+    "dcp_local_seq_lens_cpu_upper_bound",
+    "mm_req_doc_ranges",
+    "rswa_prefix_lens",
+    "replayssm_decode_base_cpu",
+)
+
+
+def split_attention_rows(
+    metadata: CommonAttentionMetadata,
+    rows: np.ndarray,
+    query_start_loc: np.ndarray,
+    cut: np.ndarray,
+    block_table: torch.Tensor,
+) -> CommonAttentionMetadata | None:
+    """The same tokens as V rows: row i holds tokens query_start_loc[i] to
+    query_start_loc[i + 1] of source row rows[i] [V], its sequence cut[i] [V] tokens
+    shorter, read through block_table [V, W]; None where the metadata carries per-request
+    fields of other attention features (the pass then attends as it was)."""
+    if metadata.seq_lens.shape[0] != metadata.num_reqs or any(
+        getattr(metadata, name) is not None for name in _UNSPLIT_REQUEST_FIELDS
+    ):
+        return None
+    device = metadata.seq_lens.device
+    device_rows = torch.from_numpy(rows).to(device)
+    cut_cpu = torch.from_numpy(cut)
+    query_start_loc_cpu = torch.from_numpy(query_start_loc).to(metadata.query_start_loc_cpu.dtype)
+
+    def per_row(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, np.ndarray):
+            return value[rows]
+        return value[torch.from_numpy(rows).to(value.device)]
+
+    upper_bound = metadata.seq_lens_cpu_upper_bound
+    return dataclasses.replace(
+        metadata,
+        query_start_loc=query_start_loc_cpu.to(device),
+        query_start_loc_cpu=query_start_loc_cpu,
+        seq_lens=metadata.seq_lens[device_rows] - cut_cpu.to(device, metadata.seq_lens.dtype),
+        num_reqs=int(rows.shape[0]),
+        max_query_len=int(np.diff(query_start_loc).max()),
+        block_table_tensor=block_table,
+        causal=per_row(metadata.causal) if isinstance(metadata.causal, torch.Tensor) else metadata.causal,
+        is_prefilling=per_row(metadata.is_prefilling),
+        req_idx=per_row(metadata.req_idx),
+        seq_lens_cpu_upper_bound=None
+        if upper_bound is None
+        else upper_bound[torch.from_numpy(rows)] - cut_cpu.to(upper_bound.dtype),
+        _num_computed_tokens_cache=None,
+        _token_to_req_indices_cache=None,
     )

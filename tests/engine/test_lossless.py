@@ -12,12 +12,15 @@ from tests.harness import BLOCK_SIZE, MAX_TOKENS, METHOD_KEYS, decode, specexten
 pytestmark = pytest.mark.engine
 
 
-# Chunks of half a KV block, read from working copies; whole-block chunks, read in place.
+# Chunks of half a KV block, read from working copies; whole-block chunks, read in place;
+# the draft's prefill of each prompt past 7 blocks through a window of 2.
+PREFILL_WINDOW = 2 * BLOCK_SIZE
 RUNS = {
     "cmr": {"policy": "cmr"},
     "streaming": {"policy": "streaming"},
     "full": {"policy": "full"},
     "cmr_whole_blocks": {"policy": "cmr", "chunk_size": 32, "positions": "absolute"},
+    "cmr_windowed_prefill": {"policy": "cmr", "draft_prefill_window": PREFILL_WINDOW},
 }
 
 
@@ -41,6 +44,19 @@ def test_drafts_are_verified_and_some_accepted(specextend_run: dict[str, Any]) -
 
 def test_the_target_verifies_through_hybrid_attention_on_cpu(specextend_run: dict[str, Any]) -> None:
     assert specextend_run["stats"]["hybrid_verifications"] > 0
+
+
+def test_the_drafts_prefill_attends_through_its_window_where_set(
+    specextend_run: dict[str, Any], prompts: list[list[int]]
+) -> None:
+    """Every prompt token past the sink block, the window and the first piece of 4 blocks
+    (the first piece of each prompt reads whole) is written through the window."""
+    windowed = specextend_run["stats"]["windowed_prompt_tokens"]
+    if "draft_prefill_window" not in specextend_run:
+        assert windowed == 0
+        return
+    first_windowed = BLOCK_SIZE + PREFILL_WINDOW + 4 * BLOCK_SIZE
+    assert windowed >= sum(len(p) - first_windowed for p in prompts if len(p) > first_windowed)
 
 
 def test_long_requests_draft_on_fewer_tokens_than_their_context(specextend_run: dict[str, Any]) -> None:

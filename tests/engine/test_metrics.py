@@ -55,9 +55,12 @@ def front_end(tiny_models: dict[str, Path]) -> dict[str, Any]:
         }
 
     # Deferring the draft's prefill skips the prefill step, and the first drafting step
-    # catches up: every counter moves.
+    # catches up, through a window on the longest prompt: every counter moves.
     config = specextend_config(
-        tiny_models["draft_noisy"], positions="compact", draft_prefill="deferred"
+        tiny_models["draft_noisy"],
+        positions="compact",
+        draft_prefill="deferred",
+        draft_prefill_window=64,
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(metrics_patches, "logger", log)
@@ -94,6 +97,7 @@ def test_the_front_end_counts_equal_the_workers_totals(front_end: dict[str, Any]
         "skipped_draft_steps",
         "catch_up_passes",
         "catch_up_tokens",
+        "windowed_prompt_tokens",
     ):
         assert value[f"vllm:specextend_{count}"] == stats[count], count
     reduced = stats["reduced_draft_steps"]

@@ -67,6 +67,8 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
         ),
         ({"drafting": "sometimes"}, r"\['drafting'\] must be one of \['auto', 'always'\]"),
         ({"draft_prefill": "later"}, r"\['draft_prefill'\] must be one of \['eager', 'deferred'\]"),
+        ({"draft_prefill_window": 0}, r"\['draft_prefill_window'\] must be >= 1"),
+        ({"draft_prefill_window": "4K"}, r"\['draft_prefill_window'\] must be an integer"),
         ({"draft_lm_head": "int4"}, r"\['draft_lm_head'\] must be one of \['auto', 'as_loaded', 'int8'\]"),
         (
             {"drafting": "auto", "num_speculative_tokens_per_batch_size": [[1, 4, 3]]},
