@@ -15,9 +15,9 @@ over the texts (min-max). The allocator (`machine.allocator`) is the point of th
 command: `scripts/bench.sh` preloads TCMalloc, as vLLM's CPU guide asks, and the prefill's
 large buffers are where glibc's malloc differs. Saved to benchmarks/results/prefill_cost.json.
 
-`--windows` runs one engine per `draft_prefill_window` (`whole`: unset); with `--max-tokens`
-above 1 each request then decodes that many greedy tokens, giving the decode speed and the
-acceptance the window leaves, and the outputs of every window are compared (the target
+`--windows` runs one engine per `draft_prefill_window` (`default`: the method's default;
+`whole`: none); with `--max-tokens` above 1 each request then decodes that many greedy
+tokens, giving the decode speed and the acceptance the window leaves, and the outputs of every window are compared (the target
 verifies, so they must be equal). `--every-step` drafts at every step on the reduced cache
 (`drafting` and `retrieval: always`), so acceptance is not mixed with the choosers' choices.
 """
@@ -66,14 +66,19 @@ def prefill_once(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]
 
 
 def window_keys(window: str) -> dict[str, Any]:
-    """`whole` -> {}; a number -> that `draft_prefill_window`."""
-    return {} if window == "whole" else {"draft_prefill_window": int(window)}
+    """`default` -> the method's default; `whole` -> no window; a number -> that
+    `draft_prefill_window`."""
+    if window == "default":
+        return {}
+    return {"draft_prefill_window": None if window == "whole" else int(window)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096])
-    parser.add_argument("--windows", nargs="+", default=["whole"], help="draft_prefill_window values, or whole")
+    parser.add_argument(
+        "--windows", nargs="+", default=["default"], help="draft_prefill_window values, whole or default"
+    )
     parser.add_argument("--max-tokens", type=int, default=1)
     parser.add_argument("--every-step", action="store_true", help="drafting and retrieval: always")
     parser.add_argument("--output", default="prefill_cost")

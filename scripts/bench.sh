@@ -39,6 +39,8 @@ declare -A commands=(
   [long_inputs_speed_avx2_lengths]="${long_inputs[*]} speed --at-defaults --genres essays code --texts-per-length 1 --lengths 4096 --repeats 3 --output long_inputs_speed_avx2_lengths"
   [method_cost]="${python} -m benchmarks.method_cost"
   [prefill_cost]="${python} -m benchmarks.prefill_cost"
+  [prefill_window]="${python} -m benchmarks.prefill_cost --lengths 8192 --windows whole 2048 1024 --max-tokens 64 --every-step --output prefill_window"
+  [prefill_window_16k]="${python} -m benchmarks.prefill_cost --lengths 16384 --windows whole 1024 --max-tokens 64 --every-step --output prefill_window_16k"
   [prefill_cost_system_malloc]="LD_PRELOAD= ${python} -m benchmarks.prefill_cost --output prefill_cost_system_malloc"
   [draft_int8_kernel]="${python} -m benchmarks.draft_int8_kernel"
   [long_inputs_tiny_draft]="${long_inputs[*]} tiny_draft --texts-per-length 1"
@@ -67,7 +69,7 @@ declare -A commands=(
   [serving_int8_compiled_tcmalloc]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation specextend --output serving_int8_compiled_tcmalloc"
 )
 order=(
-  demo demo_amx_lengths demo_amx_int8_head demo_amx_margin demo_amx_small_batch_int8 demo_amx_small_batch_int8_again demo_amx_tcmalloc demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost prefill_cost prefill_cost_system_malloc draft_int8_kernel lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_amx_short long_inputs_speed_amx_1k_margin long_inputs_speed_amx_16k_compiled long_inputs_speed_amx_16k_code_again long_inputs_speed_amx_8k_more long_inputs_speed_amx_8k_tcmalloc long_inputs_speed_amx_4k_fp32 long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
+  demo demo_amx_lengths demo_amx_int8_head demo_amx_margin demo_amx_small_batch_int8 demo_amx_small_batch_int8_again demo_amx_tcmalloc demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost prefill_cost prefill_cost_system_malloc prefill_window prefill_window_16k draft_int8_kernel lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_amx_short long_inputs_speed_amx_1k_margin long_inputs_speed_amx_16k_compiled long_inputs_speed_amx_16k_code_again long_inputs_speed_amx_8k_more long_inputs_speed_amx_8k_tcmalloc long_inputs_speed_amx_4k_fp32 long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k long_inputs_trees_8k_int8 retrieval_accuracy
   scorer_cpu prefix_attention_cpu draft_vocab_logits int8_linear_cpu working_copies_cpu serving serving_int8 serving_int8_lengths serving_int8_compiled serving_int8_compiled_choices serving_int8_compiled_small_batch serving_int8_compiled_small_batch_again serving_int8_compiled_tcmalloc

@@ -106,8 +106,10 @@ class SpecExtendConfig:
         a request: prefills and catch-up passes). A number W: each piece of 4 KV blocks
         attends to the prompt's first KV block (an attention sink) and to the W tokens
         before it (whole blocks), so a long prompt's draft prefill costs linearly, not
-        quadratically (`algorithm.prefill_window`). Unset: the whole prompt before each
+        quadratically (`algorithm.prefill_window`). None: the whole prompt before each
         token. Only the draft's KV differs, so only its proposals: the target verifies.
+        Applied on vLLM's CPU attention backend (others keep buffers sized by the batch,
+        which the pass's extra rows could overrun; there the draft attends whole prompts).
     tree: the shape of each step's drafts. `chain`: `num_speculative_tokens` tokens one
         after the other. A list of paths of child ranks, such as `[[0], [1], [0, 0]]`:
         a static token tree of `num_speculative_tokens` nodes (`[1]` is the root's second
@@ -140,7 +142,7 @@ class SpecExtendConfig:
     drafting: Drafting = "auto"
     retrieval: Retrieval = "auto"
     draft_prefill: DraftPrefill = "eager"
-    draft_prefill_window: int | None = None
+    draft_prefill_window: int | None = 1024
     tree: str | tuple[tuple[int, ...], ...] = "chain"
     tree_max_depth: int = 5
     draft_vocab: str | None = None

@@ -34,6 +34,7 @@ from specextend_vllm.trees.drafting import DraftTreePass
 from specextend_vllm.trees.session import TreeSession
 from specextend_vllm.verification.routing import VerificationRouting
 from specextend_vllm.vllm_access import layers, logger
+from specextend_vllm.vllm_access.attention import attends_on_cpu_backend
 from specextend_vllm.vllm_access.attention_seam import (
     attention_layer_seam,
     limit_attention_window,
@@ -80,6 +81,7 @@ class SpecExtendProposer(DraftModelProposer):
         self._reduced_view: ReducedDraftView | None = None
         self._first_pass_sample_rows: torch.Tensor | None = None
         self._root_hidden_states: torch.Tensor | None = None
+        self._windows_prompts = False
 
     # Loading: the models, then the rooms.
 
@@ -92,6 +94,12 @@ class SpecExtendProposer(DraftModelProposer):
         super().load_model(target_model)
         self._set_draft_logits()
         self._draft_layers = layers.attention_layers(self.vllm_config, self._draft_attn_layer_names)
+        self._windows_prompts = all(attends_on_cpu_backend(layer) for layer in self._draft_layers)
+        if self.method_config.prefill_window() is not None and not self._windows_prompts:
+            logger.info(
+                "SpecExtend: draft_prefill_window applies on vLLM's CPU attention backend; "
+                "on this one the draft's prefill attends to whole prompts (proposals only)."
+            )
         if self.method_config.uses_compact_positions() and self.trained_length < self.max_model_len:
             limit_attention_window(self._draft_layers, self.trained_length)
         final_layer = layers.target_final_attention_layer(
@@ -421,7 +429,7 @@ class SpecExtendProposer(DraftModelProposer):
         (prompts, catch-up) as rows of pieces, each attending to the sink block and its
         window (`algorithm.prefill_window`); the metadata as it was otherwise."""
         window = self.method_config.prefill_window()
-        if window is None:
+        if window is None or not self._windows_prompts:
             return metadata
         num_reqs = metadata.num_reqs
         query_start_loc = metadata.query_start_loc_cpu[: num_reqs + 1].numpy().astype(np.int64)

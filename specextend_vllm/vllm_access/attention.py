@@ -12,6 +12,7 @@ from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 __all__ = [
     "flash_attn_varlen_func",
     "hybrid_cache_layout_blocker",
+    "attends_on_cpu_backend",
     "merge_attn_states",
     "plain_attention_blockers",
 ]
@@ -50,3 +51,9 @@ def hybrid_cache_layout_blocker(layer: Any) -> str | None:
         return None if isa == "vec" else f"CPU KV cache layout '{isa}'"
     backend = layer.get_attn_backend().get_name()
     return None if backend == "FLASH_ATTN" else f"attention backend {backend}"
+
+
+def attends_on_cpu_backend(layer: Any) -> bool:
+    """Whether the layer attends on vLLM's CPU backend, whose metadata builder keeps no
+    buffer sized by the batch (a pass may then hold more rows than requests)."""
+    return layer.get_attn_backend().get_name() == "CPU_ATTN"

@@ -50,7 +50,8 @@ def test_the_drafts_prefill_attends_through_its_window_where_set(
     specextend_run: dict[str, Any], prompts: list[list[int]]
 ) -> None:
     """Every prompt token past the sink block, the window and the first piece of 4 blocks
-    (the first piece of each prompt reads whole) is written through the window."""
+    (the first piece of each prompt reads whole) is written through the window; the
+    default window (1,024 tokens) is longer than any prompt here."""
     windowed = specextend_run["stats"]["windowed_prompt_tokens"]
     if "draft_prefill_window" not in specextend_run:
         assert windowed == 0

@@ -33,6 +33,8 @@ def test_defaults() -> None:
     assert config.policy == "cmr" and config.num_kept_chunks(128) == 32
     absolute = dataclasses.replace(config, positions="absolute")
     assert absolute.uses_working_copies(128) and not absolute.uses_working_copies(16)
+    assert config.prefill_window() == 1024
+    assert SpecExtendConfig(draft_prefill_window=None).prefill_window() is None
 
 
 def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> None:
