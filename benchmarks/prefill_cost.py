@@ -17,8 +17,8 @@ large buffers are where glibc's malloc differs. Saved to benchmarks/results/pref
 
 `--windows` runs one engine per `draft_prefill_window` (`default`: the method's default;
 `whole`: none); with `--max-tokens` above 1 each request then decodes that many greedy
-tokens, giving the decode speed and the acceptance the window leaves, and the outputs of every window are compared (the target
-verifies, so they must be equal). `--every-step` drafts at every step on the reduced cache
+tokens, giving the decode speed and the acceptance the window leaves, and the outputs of
+every window are compared (the target verifies, so they must be equal). `--every-step` drafts at every step on the reduced cache
 (`drafting` and `retrieval: always`), so acceptance is not mixed with the choosers' choices.
 """
 

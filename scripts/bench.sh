@@ -48,6 +48,8 @@ declare -A commands=(
   [long_inputs_tiny_draft_hybrid]="${long_inputs[*]} tiny_draft --lengths 16384 --texts-per-length 1 --methods no_speculation specextend --output long_inputs_tiny_draft_hybrid"
   [long_inputs_needle]="${long_inputs[*]} needle --specextend-keys '{\"chunk_size\": 128}'"
   [long_inputs_needle_chunk32]="${long_inputs[*]} needle --specextend-keys '{\"chunk_size\": 32}' --block-size 32 --output long_inputs_needle_chunk32"
+  [long_inputs_needle_window]="${long_inputs[*]} needle --specextend-keys '{\"chunk_size\": 32, \"draft_prefill_window\": 256}' --block-size 32 --output long_inputs_needle_window"
+  [long_inputs_needle_whole_prefill]="${long_inputs[*]} needle --specextend-keys '{\"chunk_size\": 32, \"draft_prefill_window\": null}' --block-size 32 --output long_inputs_needle_whole_prefill"
   [long_inputs_batch]="${long_inputs[*]} batch"
   [long_inputs_draft_step]="${long_inputs[*]} draft_step"
   [long_inputs_verification]="${long_inputs[*]} verification --texts-per-length 1 --max-tokens 64 --methods no_speculation specextend"
@@ -71,7 +73,7 @@ declare -A commands=(
 )
 order=(
   demo demo_amx_lengths demo_amx_int8_head demo_amx_margin demo_amx_small_batch_int8 demo_amx_small_batch_int8_again demo_amx_tcmalloc demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost prefill_cost prefill_cost_system_malloc prefill_window prefill_window_16k draft_int8_kernel lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_amx_short long_inputs_speed_amx_1k_margin long_inputs_speed_amx_16k_compiled long_inputs_speed_amx_16k_code_again long_inputs_speed_amx_8k_more long_inputs_speed_amx_8k_tcmalloc long_inputs_speed_amx_8k_window long_inputs_speed_amx_4k_fp32 long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
-  long_inputs_needle long_inputs_needle_chunk32 long_inputs_batch long_inputs_draft_step
+  long_inputs_needle long_inputs_needle_chunk32 long_inputs_needle_window long_inputs_needle_whole_prefill long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_trees long_inputs_trees_8k long_inputs_trees_8k_int8 retrieval_accuracy
   scorer_cpu prefix_attention_cpu draft_vocab_logits int8_linear_cpu working_copies_cpu serving serving_int8 serving_int8_lengths serving_int8_compiled serving_int8_compiled_choices serving_int8_compiled_small_batch serving_int8_compiled_small_batch_again serving_int8_compiled_tcmalloc
 )

@@ -7,8 +7,8 @@ the chunks retrieval keeps and the newest tokens. With `draft_prefill_window: W`
 pass splits each request's tokens into pieces of PIECE_BLOCKS KV blocks (the last one
 longer); each piece attends to the prompt's first KV block (an attention sink:
 StreamingLLM) and to the whole blocks holding at least the W tokens before it, plus itself
-causally. Only the
-draft's KV, and so its proposals, differ from a whole-prompt pass: the target verifies.
+causally. Only the draft's KV, and so its proposals, differ from a whole-prompt pass: the
+target verifies.
 
 Each piece becomes a row of its own in the pass's attention metadata, reading the source
 row's block table through `selection.reduced_block_indices` (the sink blocks kept, then
