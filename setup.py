@@ -14,7 +14,7 @@ OPENMP_FLAGS = ["-fopenmp"] if torch._C.has_openmp else []
 # The CPU kernels are written as plain loops for the compiler to vectorize: built for this
 # machine's vector ISA (AVX2, AVX-512, ...) unless SPECEXTEND_PORTABLE_BUILD=1, for binaries that
 # must run on other CPUs.
-ISA_FLAGS = [] if os.environ.get("SPECEXTEND_PORTABLE_BUILD") == "1" else ["-march=native"]
+ISA_FLAGS = [] if os.environ.get("SPECEXTEND_PORTABLE_BUILD") == "1" else ["-march=native", "-mprefer-vector-width=512"]
 CXX_FLAGS = ["-O3", *ISA_FLAGS, *OPENMP_FLAGS]
 # csrc/bindings.cpp defines every op; csrc/<op>/ holds its kernels: cpu.cpp, and cuda.cu with
 # cuda_op.cpp, its torch entry point and CUDA registration.
