@@ -341,7 +341,7 @@ class SpecExtendProposer(DraftModelProposer):
         that runs it first writes the draft's KV of the tokens its requests missed."""
         num_reqs = metadata.num_reqs
         query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
-        prefilling = query_lens > self.max_drafts + 1
+        prefilling = self._writes_prompt_kv(query_lens)
         skips = (num_speculative_tokens == 0 and not bool(prefilling.any())) or (
             self.method_config.draft_prefill == "deferred" and bool(prefilling.all())
         )
@@ -424,6 +424,11 @@ class SpecExtendProposer(DraftModelProposer):
             common_attn_metadata = self._windowed_prompt_passes(common_attn_metadata)
         return super().build_per_group_and_layer_attn_metadata(common_attn_metadata, draft_index)
 
+    def _writes_prompt_kv(self, query_lens: np.ndarray) -> np.ndarray:
+        """[num_reqs] whether each request's pass is longer than any drafting step's k + 1
+        tokens: a prompt's prefill (or a piece of it) or a catch-up pass."""
+        return query_lens > self.max_drafts + 1
+
     def _windowed_prompt_passes(self, metadata: Any) -> Any:
         """With `draft_prefill_window`, the pass's requests of more than k + 1 tokens
         (prompts, catch-up) as rows of pieces, each attending to the sink block and its
@@ -433,7 +438,7 @@ class SpecExtendProposer(DraftModelProposer):
             return metadata
         num_reqs = metadata.num_reqs
         query_start_loc = metadata.query_start_loc_cpu[: num_reqs + 1].numpy().astype(np.int64)
-        long_queries = np.diff(query_start_loc) > self.max_drafts + 1
+        long_queries = self._writes_prompt_kv(np.diff(query_start_loc))
         if not long_queries.any():
             return metadata
         seq_lens = metadata.seq_lens[:num_reqs].cpu().numpy().astype(np.int64)
