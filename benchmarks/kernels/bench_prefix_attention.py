@@ -6,9 +6,11 @@ attends them to the request's prefix; vLLM's `cpu_attention_with_kv_cache` verif
 engine does (causal, over the prefix and the q tokens, with the scheduler metadata of its CPU
 attention backend). vLLM's plain decode step (one token per request, same prefix) is the
 baseline. Each case first checks the kernel against vLLM's non-causal attention over the prefix
-alone. Prints a table and writes benchmarks/results/prefix_attention_cpu.json.
+alone. With --layers N, each call runs once on each of N caches in turn, as a model's layers
+read theirs in a step (from memory, not from a cache that one layer's repeats keep warm), and
+the times are per layer. Prints a table and writes benchmarks/results/prefix_attention_cpu.json.
 
-    python -m benchmarks.kernels.bench_prefix_attention [--quick] [--threads 1 2]
+    python -m benchmarks.kernels.bench_prefix_attention [--quick] [--threads 1 2] [--layers 28]
 """
 
 from __future__ import annotations
@@ -122,12 +124,23 @@ def kernel_call(
     return lambda: ops.paged_prefix_attention(*args)
 
 
+def per_layer(calls: list[Callable[[], Any]]) -> Callable[[], None]:
+    """One call on each layer's cache in turn."""
+
+    def call() -> None:
+        for layer_call in calls:
+            layer_call()
+
+    return call
+
+
 def run(
     threads: list[int],
     prefix_lens: list[int],
     batches: list[int],
     query_lens: list[int],
     repeats: int,
+    layers: int = 1,
 ) -> list[dict[str, Any]]:
     results = []
     print(
@@ -138,11 +151,20 @@ def run(
         torch.set_num_threads(num_threads)
         for prefix_len in prefix_lens:
             for batch in batches:
-                cache = make_cache(batch, prefix_len + max(query_lens))
+                caches = [
+                    make_cache(batch, prefix_len + max(query_lens), seed=layer)
+                    for layer in range(layers)
+                ]
+                cache = caches[0]
                 generator = torch.Generator().manual_seed(1)
                 decode_query = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, generator=generator)
-                decode, _ = vllm_attention(cache, decode_query, 1, prefix_len + 1, causal=True)
-                decode_ms = median_ms(decode, repeats)
+                decode = per_layer(
+                    [
+                        vllm_attention(c, decode_query, 1, prefix_len + 1, causal=True)[0]
+                        for c in caches
+                    ]
+                )
+                decode_ms = median_ms(decode, repeats) / layers
                 for query_len in query_lens:
                     query = torch.randn(
                         batch * query_len, NUM_Q_HEADS, HEAD_DIM, generator=generator
@@ -153,11 +175,19 @@ def run(
                     )
                     prefix_only()
                     torch.testing.assert_close(kernel()[0], expected, rtol=1e-4, atol=1e-5)
-                    verify, _ = vllm_attention(
-                        cache, query, query_len, prefix_len + query_len, causal=True
+                    kernels = per_layer(
+                        [kernel_call(c, query, query_len, prefix_len) for c in caches]
                     )
-                    kernel_ms = median_ms(kernel, repeats)
-                    verify_ms = median_ms(verify, repeats)
+                    verify = per_layer(
+                        [
+                            vllm_attention(
+                                c, query, query_len, prefix_len + query_len, causal=True
+                            )[0]
+                            for c in caches
+                        ]
+                    )
+                    kernel_ms = median_ms(kernels, repeats) / layers
+                    verify_ms = median_ms(verify, repeats) / layers
                     print(
                         f"{num_threads:>7} {prefix_len:>6} {batch:>5} {query_len:>3} "
                         f"{kernel_ms:>10.3f} {verify_ms:>15.3f} {decode_ms:>15.3f} "
@@ -166,6 +196,7 @@ def run(
                     results.append(
                         {
                             "threads": num_threads,
+                            "layers": layers,
                             "prefix_len": prefix_len,
                             "batch": batch,
                             "query_len": query_len,
@@ -188,10 +219,16 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts to time"
     )
+    parser.add_argument(
+        "--layers", type=int, default=1, help="caches read in turn per timed call (default 1)"
+    )
+    parser.add_argument("--prefix-lens", type=int, nargs="+", help="default 4096 16384 32768")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--query-lens", type=int, nargs="+", default=[3, 5, 9])
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
 
-    prefix_lens = [4096] if args.quick else [4096, 16384, 32768]
+    prefix_lens = args.prefix_lens or ([4096] if args.quick else [4096, 16384, 32768])
     repeats = args.repeats or (3 if args.quick else 10)
     machine = {
         "cpu_model": cpu_model(),
@@ -201,7 +238,7 @@ def main() -> None:
         "python_version": platform.python_version(),
     }
     print(f"{machine['cpu_model']}, torch {machine['torch_version']}, vLLM {vllm.__version__}")
-    results = run(args.threads, prefix_lens, [1, 8], [3, 5, 9], repeats)
+    results = run(args.threads, prefix_lens, args.batches, args.query_lens, repeats, args.layers)
 
     report = {
         "machine": machine,
