@@ -7,7 +7,9 @@
 
 #include "chunk_scores/cpu.h"
 #include "int8_linear/cpu.h"
+#include "merge_attention_states/cpu.h"
 #include "paged_prefix_attention/cpu.h"
+#include "tree_attention/cpu.h"
 
 namespace specextend {
 
@@ -28,12 +30,23 @@ TORCH_LIBRARY(specextend, m) {
       "paged_prefix_attention(Tensor query, Tensor key_cache, "
       "Tensor value_cache, Tensor block_table, Tensor prefix_lens, "
       "Tensor query_start_loc, float scale) -> (Tensor, Tensor)");
+  m.set_python_module("specextend_vllm.ops.tree_attention");
+  m.def(
+      "tree_attention(Tensor query, Tensor key, Tensor value, "
+      "Tensor query_start_loc, int max_query_len, float scale, "
+      "Tensor? ancestor_mask) -> (Tensor, Tensor)");
+  m.set_python_module("specextend_vllm.ops.merge_attention_states");
+  m.def(
+      "merge_attention_states(Tensor(a!) output, Tensor prefix_output, "
+      "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specextend, CPU, m) {
   m.impl("chunk_scores", &chunk_scores_cpu);
   m.impl("int8_linear", &int8_linear_cpu);
   m.impl("paged_prefix_attention", &paged_prefix_attention_cpu);
+  m.impl("tree_attention", &tree_attention_cpu);
+  m.impl("merge_attention_states", &merge_attention_states_cpu);
 }
 
 }  // namespace specextend

@@ -15,16 +15,25 @@ except ImportError as error:
 
 from specextend_vllm.ops.chunk_scores import chunk_scores, chunk_scores_reference
 from specextend_vllm.ops.int8_linear import int8_linear, int8_linear_reference
+from specextend_vllm.ops.merge_attention_states import (
+    merge_attention_states,
+    merge_attention_states_reference,
+)
 from specextend_vllm.ops.paged_prefix_attention import (
     paged_prefix_attention,
     paged_prefix_attention_reference,
 )
+from specextend_vllm.ops.tree_attention import tree_attention, tree_attention_reference
 
 __all__ = [
     "chunk_scores",
     "chunk_scores_reference",
     "int8_linear",
     "int8_linear_reference",
+    "merge_attention_states",
+    "merge_attention_states_reference",
     "paged_prefix_attention",
     "paged_prefix_attention_reference",
+    "tree_attention",
+    "tree_attention_reference",
 ]

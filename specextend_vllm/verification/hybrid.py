@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from specextend_vllm.ops.tree_attention import tree_attention
+from specextend_vllm.ops import merge_attention_states, tree_attention
 from specextend_vllm.verification.prefix_attention import PrefixAttention, VerificationBatch
 from specextend_vllm.vllm_access.attention import merge_attn_states
 
@@ -154,4 +154,5 @@ class HybridVerificationAttention:
             self.scale,
             None if masks is None else masks[:num_reqs],
         )
-        merge_attn_states(output[:num_tokens], prefix_output, prefix_lse, tree_output, tree_lse)
+        merge = merge_attention_states if output.device.type == "cpu" else merge_attn_states
+        merge(output[:num_tokens], prefix_output, prefix_lse, tree_output, tree_lse)

@@ -1,12 +1,18 @@
-"""Attention among the verified tokens under a per-request mask, against dense attention
-computed one request at a time."""
+"""Attention among the verified tokens under a per-request mask: the compiled op and its
+reference against dense attention computed one request at a time, and against each other."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specextend_vllm.ops.tree_attention import attention_to_nodes, tree_attention
+from specextend_vllm.ops.tree_attention import (
+    attention_to_nodes,
+    tree_attention,
+    tree_attention_reference,
+)
+
+IMPLEMENTATIONS = {"kernel": tree_attention, "reference": tree_attention_reference}
 
 HEAD_DIM = 32
 
@@ -39,10 +45,11 @@ def dense_attention(
     return torch.einsum("hqk,khd->qhd", logits.softmax(-1), value), logits.logsumexp(-1)
 
 
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
 @pytest.mark.parametrize("shape", ["chain", "star", "random"])
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (4, 2), (8, 2), (8, 1)])
 def test_tree_attention_matches_dense_attention(
-    shape: str, num_q_heads: int, num_kv_heads: int
+    implementation: str, shape: str, num_q_heads: int, num_kv_heads: int
 ) -> None:
     generator = torch.Generator().manual_seed(num_q_heads * 10 + num_kv_heads)
     query_lens = [1, 5, 16, 3]
@@ -62,7 +69,7 @@ def test_tree_attention_matches_dense_attention(
         ancestor_mask[request, : mask.shape[0], : mask.shape[1]] = mask
     scale = HEAD_DIM**-0.5
 
-    output, lse = tree_attention(
+    output, lse = IMPLEMENTATIONS[implementation](
         query, key, value, query_start_loc, longest, scale,
         None if shape == "chain" else ancestor_mask,
     )
@@ -84,6 +91,71 @@ def test_a_chain_mask_equals_the_causal_default() -> None:
     causal = tree_attention(query, key, value, query_start_loc, 4, 0.2)
     masked = tree_attention(query, key, value, query_start_loc, 4, 0.2, chain)
     torch.testing.assert_close(causal, masked)
+
+
+def random_case(
+    query_lens: list[int], dtype: torch.dtype, seed: int, num_padding_rows: int = 2
+) -> tuple[torch.Tensor, ...]:
+    """query [T, 12, 128], key and value [T, 2, 128] in `dtype`, query_start_loc int32 and a
+    random tree mask per request, whose row 1 (where there is one) allows nothing."""
+    generator = torch.Generator().manual_seed(seed)
+    total, longest = sum(query_lens), max(query_lens)
+    num_rows = total + num_padding_rows
+    query = torch.randn(num_rows, 12, 128, generator=generator).to(dtype)
+    key = torch.randn(num_rows, 2, 128, generator=generator).to(dtype)
+    value = torch.randn(num_rows, 2, 128, generator=generator).to(dtype)
+    query_start_loc = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    mask = torch.zeros(len(query_lens), longest + 1, longest + 1, dtype=torch.bool)
+    for request, length in enumerate(query_lens):
+        mask[request, :length, :length] = random_tree_mask(length, generator)
+        if length > 1:
+            mask[request, 1] = False
+    return query, key, value, query_start_loc, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_kernel_matches_reference(dtype: torch.dtype, masked: bool) -> None:
+    """Chains of 5 (k = 4), a 17-node tree, a request of one token, padding rows, and with a
+    mask a row that may attend to nothing (output 0, lse -inf); output and LSE compared."""
+    query_lens = [5, 17, 1, 3]
+    query, key, value, query_start_loc, mask = random_case(query_lens, dtype, seed=int(masked))
+    args = (query, key, value, query_start_loc, max(query_lens), 0.088, mask if masked else None)
+    output, lse = tree_attention(*args)
+    expected, expected_lse = tree_attention_reference(*args)
+    assert output.dtype == lse.dtype == torch.float32
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-5, atol=1e-5)
+    if masked:
+        assert (output[1] == 0).all() and torch.isneginf(lse[:, 1]).all()
+    assert (output[sum(query_lens):] == 0).all() and torch.isneginf(lse[:, sum(query_lens):]).all()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.__setitem__(1, a[1][:, :1, :64]), "key and value must be"),
+        (lambda a: a.__setitem__(3, a[3].long()), "query_start_loc must be a 1-D int32"),
+        (lambda a: a.__setitem__(3, torch.tensor([0, 9, 4], dtype=torch.int32)), "non-decreasing"),
+        (lambda a: a.__setitem__(4, 2), "at most max_query_len"),
+        (lambda a: a.__setitem__(6, torch.ones(2, 2, 2, dtype=torch.bool)), "ancestor_mask must be"),
+    ],
+)
+def test_kernel_rejects_malformed_inputs(change, message: str) -> None:
+    query, key, value, query_start_loc, mask = random_case([3, 4], torch.float32, seed=3)
+    args = [query, key, value, query_start_loc, 4, 0.1, mask]
+    change(args)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.specextend.tree_attention(*args)
+
+
+def test_op_registration_and_fake_kernel() -> None:
+    query, key, value, query_start_loc, mask = random_case([3, 4], torch.float32, seed=4)
+    for ancestor_mask in (None, mask):
+        torch.library.opcheck(
+            torch.ops.specextend.tree_attention.default,
+            (query, key, value, query_start_loc, 4, 0.1, ancestor_mask),
+        )
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (8, 2)])
