@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -30,7 +29,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.kernels.common import cpu_model, median_ms, shuffled_vec_cache
+from benchmarks.kernels.common import cpu_model, median_ms, shuffled_vec_cache, write_report
 from specextend_vllm import ops
 from specextend_vllm.algorithm.kv_cache_layout import (
     cpu_vec_key_cache_view,
@@ -212,9 +211,7 @@ def main() -> None:
         "results": results,
     }
     output = args.output or setup.output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {output}")
+    write_report(output, report)
 
 
 if __name__ == "__main__":

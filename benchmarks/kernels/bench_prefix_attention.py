@@ -16,7 +16,6 @@ the times are per layer. Prints a table and writes benchmarks/results/prefix_att
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import vllm
 from vllm import _custom_ops as vllm_ops
 from vllm import envs as vllm_envs
 
-from benchmarks.kernels.common import cpu_model, median_ms, shuffled_vec_cache
+from benchmarks.kernels.common import cpu_model, median_ms, shuffled_vec_cache, write_report
 from specextend_vllm import ops
 from specextend_vllm.algorithm.kv_cache_layout import cpu_vec_key_cache_view, cpu_vec_value_cache_view
 
@@ -256,9 +255,7 @@ def main() -> None:
         },
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ benchmarks/results/tree_attention_cpu.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 import vllm
 
-from benchmarks.kernels.common import cpu_model, median_ms
+from benchmarks.kernels.common import cpu_model, median_ms, write_report
 from specextend_vllm.ops import merge_attention_states, tree_attention, tree_attention_reference
 from specextend_vllm.vllm_access.attention import merge_attn_states
 
@@ -99,9 +98,7 @@ def main() -> None:
         },
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

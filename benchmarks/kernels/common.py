@@ -1,12 +1,14 @@
-"""What the kernel benchmarks share: the CPU's name, a median timer, and a shuffled paged
-cache in vLLM's CPU "vec" layout."""
+"""What the kernel benchmarks share: the CPU's name, a median timer, a shuffled paged cache
+in vLLM's CPU "vec" layout, and the writing of their JSON reports."""
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +20,13 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Saves a benchmark's figures as indented JSON and says where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def median_ms(fn: Callable[[], Any], repeats: int) -> float:
