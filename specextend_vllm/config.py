@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from specextend_vllm.algorithm.selection import RetrievalPolicy
+from specextend_vllm.algorithm.selection import ChunkRanking, RetrievalPolicy
 from specextend_vllm.algorithm.token_tree import MAX_TREE_NODES, TokenTree, TokenTreeError
 
 METHOD_NAME = "specextend"
@@ -22,6 +22,7 @@ DraftPrefill = Literal["eager", "deferred"]
 DraftLmHead = Literal["auto", "as_loaded", "int8"]
 CHOICE_KEYS: Mapping[str, Any] = {
     "policy": RetrievalPolicy,
+    "chunk_ranking": ChunkRanking,
     "positions": DraftPositions,
     "retrieval_trigger": RetrievalTrigger,
     "verification_attention": VerificationAttention,
@@ -30,6 +31,10 @@ CHOICE_KEYS: Mapping[str, Any] = {
     "draft_prefill": DraftPrefill,
     "draft_lm_head": DraftLmHead,
 }
+
+# Keys a running engine cannot change (`specextend_vllm.reconfigure`): they shape what the
+# scheduler and the draft's LM head were built for.
+KEYS_FIXED_AT_LOAD = ("drafting", "tree", "draft_vocab")
 
 # How the target verifies: hybrid attention, vLLM's, or the faster of the two as measured.
 Verification = Literal["hybrid", "native", "measured"]
@@ -73,6 +78,10 @@ class SpecExtendConfig:
         `activation_length` on.
     policy: `cmr` (chunks ranked by the target's final-layer attention), `streaming`
         (the first chunk and the most recent ones) or `full` (no reduction).
+    chunk_ranking: how `cmr` ranks chunks. `attention`: by the target's attention to each.
+        `continuation`: by the larger of its own attention and its predecessor's, so the
+        chunk after an attended one is kept with it (a draft that copies from an earlier
+        passage needs what follows the attended tokens).
     positions: where the draft sees its kept chunks. `absolute`: at their places in the
         prompt. `compact`: side by side right before the newest tokens, so the draft's
         attention spans no more than the kept tokens plus the tail, as if the prompt were
@@ -136,6 +145,7 @@ class SpecExtendConfig:
     retrieval_interval: int = 4
     activation_length: int = 2048
     policy: RetrievalPolicy = "cmr"
+    chunk_ranking: ChunkRanking = "attention"
     positions: DraftPositions = "auto"
     retrieval_trigger: RetrievalTrigger = "interval"
     verification_attention: VerificationAttention = "auto"

@@ -24,7 +24,7 @@ from specextend_vllm.algorithm.draft_lag import CatchUp, DraftLag, StepTokens
 from specextend_vllm.algorithm.draft_vocab import scatter_kept_logits
 from specextend_vllm.algorithm.prefill_window import SINK_BLOCKS, windowed_rows
 from specextend_vllm.algorithm.positions import DraftRotation, WorkingCopies
-from specextend_vllm.config import METHOD_NAME, SpecExtendConfig
+from specextend_vllm.config import KEYS_FIXED_AT_LOAD, METHOD_NAME, SpecExtendConfig
 from specextend_vllm.metrics import RetrievalMetrics
 from specextend_vllm.retrieval.planner import DraftGeometry, ReducedDraftView, RetrievalPlanner
 from specextend_vllm.final_layer_query import FinalLayerQuery
@@ -230,7 +230,7 @@ class SpecExtendProposer(DraftModelProposer):
     def reconfigure(self, changes: Mapping[str, Any]) -> SpecExtendConfig:
         """Replaces some of the method's keys on a running engine, for example to compare
         policies on one prefill; every request selects its chunks afresh at its next step."""
-        allowed = set(SpecExtendConfig.keys()) - {"drafting", "tree", "draft_vocab"}
+        allowed = set(SpecExtendConfig.keys()) - set(KEYS_FIXED_AT_LOAD)
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise ValueError(

@@ -13,6 +13,10 @@ import torch
 # `cmr`: the chunks the target attends to most; `streaming`: the first chunk and the most
 # recent ones (StreamingLLM); `full`: the whole cache.
 RetrievalPolicy = Literal["cmr", "streaming", "full"]
+# How `cmr` ranks chunks: `attention`: by the target's attention to each; `continuation`: by
+# the larger of its own and its predecessor's, so a chunk the target attends to keeps the
+# text that follows it (what a draft copies from an earlier passage is its continuation).
+ChunkRanking = Literal["attention", "continuation"]
 
 
 def select_top_chunks(
@@ -38,6 +42,18 @@ def select_top_chunks(
     return kept, counts
 
 
+def continuation_scores(chunk_scores: torch.Tensor) -> torch.Tensor:
+    """[R, C] chunk scores -> [R, C]: each chunk's score or its predecessor's, the larger.
+
+    The target attends to chunk 1 most: chunks 1 and 2 now rank first, where 1 and 3 did.
+
+    >>> continuation_scores(torch.tensor([[.1, .9, .2, .5, .3]]))
+    tensor([[0.1000, 0.9000, 0.9000, 0.5000, 0.5000]])
+    """
+    predecessors = torch.cat([chunk_scores[:, :1], chunk_scores[:, :-1]], dim=1)
+    return torch.maximum(chunk_scores, predecessors)
+
+
 def select_streaming_chunks(
     num_candidates: torch.Tensor, num_kept: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,12 +72,15 @@ def select_streaming_chunks(
 
 def select_chunks(
     policy: RetrievalPolicy,
+    ranking: ChunkRanking,
     chunk_scores: torch.Tensor | None,
     num_candidates: torch.Tensor,
     num_kept: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if policy == "cmr":
         assert chunk_scores is not None
+        if ranking == "continuation":
+            chunk_scores = continuation_scores(chunk_scores)
         return select_top_chunks(chunk_scores, num_candidates, num_kept)
     if policy == "streaming":
         return select_streaming_chunks(num_candidates, num_kept)

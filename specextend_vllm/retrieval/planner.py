@@ -241,7 +241,11 @@ class RetrievalPlanner:
         if config.policy == "cmr" or config.retrieval_trigger == "adaptive":
             chunk_scores = self._chunk_scores(step, rows)
         kept_chunks, num_kept_chunks = select_chunks(
-            config.policy, chunk_scores, num_candidates, config.num_kept_chunks(self.geometry.block_size)
+            config.policy,
+            config.chunk_ranking,
+            chunk_scores,
+            num_candidates,
+            config.num_kept_chunks(self.geometry.block_size),
         )
         selected_share = (
             torch.zeros(rows.shape, device=rows.device)

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.engine
 PREFILL_WINDOW = 2 * BLOCK_SIZE
 RUNS = {
     "cmr": {"policy": "cmr"},
+    "cmr_continuation": {"policy": "cmr", "chunk_ranking": "continuation"},
     "streaming": {"policy": "streaming"},
     "full": {"policy": "full"},
     "cmr_whole_blocks": {"policy": "cmr", "chunk_size": 32, "positions": "absolute"},

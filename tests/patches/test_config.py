@@ -52,6 +52,10 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
         ({"chunk_sise": 32}, r"unknown key\(s\) \['chunk_sise'\]"),
         ({"policy": "lru"}, r"\['policy'\] must be one of \['cmr', 'streaming', 'full'\]"),
         (
+            {"chunk_ranking": "recency"},
+            r"\['chunk_ranking'\] must be one of \['attention', 'continuation'\]",
+        ),
+        (
             {"verification_attention": "flash"},
             r"\['verification_attention'\] must be one of \['auto', 'hybrid', 'native'\]",
         ),

@@ -7,6 +7,7 @@ from specextend_vllm.algorithm.selection import (
     chunks_to_blocks,
     kept_attention_share,
     reduced_block_indices,
+    select_chunks,
     select_streaming_chunks,
     select_top_chunks,
 )
@@ -24,6 +25,23 @@ def test_top_chunks_ignores_chunks_past_the_candidates() -> None:
     kept, counts = select_top_chunks(scores, torch.tensor([2]), num_kept=3)
     assert counts.tolist() == [2]
     assert kept[0, :2].tolist() == [0, 1]
+
+
+def test_continuation_ranking_keeps_the_chunk_after_the_most_attended_one() -> None:
+    scores = torch.tensor([[0.1, 0.9, 0.05, 0.5, 0.3, 0.2]])
+    candidates = torch.tensor([6])
+    by_attention, _ = select_chunks("cmr", "attention", scores, candidates, num_kept=2)
+    by_continuation, _ = select_chunks("cmr", "continuation", scores, candidates, num_kept=2)
+    assert by_attention.tolist() == [[1, 3]]
+    assert by_continuation.tolist() == [[1, 2]]
+
+
+def test_continuation_ranking_keeps_only_candidates() -> None:
+    """The chunk after the last candidate is the tail's, kept anyway: it is not selected."""
+    scores = torch.tensor([[0.1, 0.2, 0.9, 0.8]])
+    kept, counts = select_chunks("cmr", "continuation", scores, torch.tensor([3]), num_kept=2)
+    assert counts.tolist() == [2]
+    assert kept.tolist() == [[1, 2]]
 
 
 def test_streaming_keeps_first_and_most_recent_chunks() -> None:
