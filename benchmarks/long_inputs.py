@@ -128,7 +128,11 @@ def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
         if args.at_defaults
         else {f"specextend_{policy}": {"policy": policy} for policy in args.policies}
     )
-    return run_lengths(args, target, tokenizer, engine_configs(draft, args), variants, "speed")
+    configs = engine_configs(draft, args)
+    for name, keys in args.specextend_engines.items():
+        configs[f"specextend_{name}"] = {**configs["specextend"], **keys}
+        args.methods = [*args.methods, f"specextend_{name}"]
+    return run_lengths(args, target, tokenizer, configs, variants, "speed")
 
 
 def run_verification(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any) -> dict[str, Any]:
@@ -247,7 +251,9 @@ def prompt_texts(args: argparse.Namespace) -> list[tuple[str | None, str, str]]:
         return [
             (genre, name, text)
             for genre, by_name in genre_texts(args.genres).items()
-            for name, text in list(by_name.items())[: args.texts_per_length]
+            for name, text in list(by_name.items())[
+                args.skip_texts : args.skip_texts + args.texts_per_length
+            ]
         ]
     from benchmarks.assets import long_texts
 
@@ -579,6 +585,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--specextend-keys", type=json.loads, default={}, help="extra keys of the specextend config, as JSON"
     )
+    parser.add_argument(
+        "--specextend-engines",
+        type=json.loads,
+        default={},
+        help='speed: more specextend engines, each its own, as JSON {"NAME": {keys}}: specextend_NAME '
+        "runs specextend's keys with these changed",
+    )
     parser.add_argument("--lengths", type=int, nargs="+", help="prompt lengths in tokens")
     parser.add_argument("--max-tokens", type=int, help="new tokens per request")
     parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name")
@@ -594,6 +607,9 @@ def parse_args() -> argparse.Namespace:
         help="speed: specextend at its default keys (with --specextend-keys), never reconfigured",
     )
     parser.add_argument("--texts-per-length", type=int, default=2, help="speed, tiny_draft: prompts per length")
+    parser.add_argument(
+        "--skip-texts", type=int, default=0, help="speed with --genres: leave out each genre's first N texts"
+    )
     parser.add_argument(
         "--repeats",
         type=int,

@@ -36,6 +36,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "cmr_chunk32_budget512": {"policy": "cmr", "chunk_size": 32, "token_budget": 512},
     "cmr_chunk32_budget2048": {"policy": "cmr", "chunk_size": 32, "token_budget": 2048},
     "cmr_chunk32_interval1": {"policy": "cmr", "chunk_size": 32, "retrieval_interval": 1},
+    "cmr_chunk32_continuation": {
+        "policy": "cmr",
+        "chunk_size": 32,
+        "token_budget": 1024,
+        "chunk_ranking": "continuation",
+    },
 }
 
 
@@ -52,18 +58,24 @@ def run(
     from tqdm import tqdm
 
     from specextend_vllm import reconfigure
-    from specextend_vllm.config import SpecExtendConfig
+    from specextend_vllm.config import KEYS_FIXED_AT_LOAD, SpecExtendConfig
 
     # Every setting drafts on its reduced cache at every step: this measures the policies.
     defaults = {
-        **{key: value for key, value in SpecExtendConfig().to_dict().items() if key != "drafting"},
+        **{
+            key: value
+            for key, value in SpecExtendConfig().to_dict().items()
+            if key not in KEYS_FIXED_AT_LOAD
+        },
         "retrieval": "always",
     }
 
     texts = {
         genre: {
             name: text
-            for name, text in list(by_name.items())[: args.texts_per_genre]
+            for name, text in list(by_name.items())[
+                args.skip_texts : args.skip_texts + args.texts_per_genre
+            ]
             if any((name, length) not in done for length in args.lengths)
         }
         for genre, by_name in genre_texts(args.genres).items()
@@ -218,6 +230,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192], help="prompt lengths in tokens")
     parser.add_argument("--genres", nargs="+", choices=list(GENRES), default=list(GENRES))
     parser.add_argument("--texts-per-genre", type=int, default=3)
+    parser.add_argument(
+        "--skip-texts", type=int, default=0, help="leave out each genre's first N texts (those tuned on)"
+    )
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument(
         "--base-keys", type=json.loads, default={}, help="specextend keys common to every setting, as JSON"
