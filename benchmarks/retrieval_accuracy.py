@@ -45,6 +45,18 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
+def setting_defaults() -> dict[str, Any]:
+    """The keys every setting starts from: the defaults a running engine can take, drafting
+    on the reduced cache at every step (this measures the policies)."""
+    from specextend_vllm.config import KEYS_FIXED_AT_LOAD, SpecExtendConfig
+
+    defaults = SpecExtendConfig().to_dict()
+    return {
+        **{key: value for key, value in defaults.items() if key not in KEYS_FIXED_AT_LOAD},
+        "retrieval": "always",
+    }
+
+
 def run(
     args: argparse.Namespace,
     draft: Path,
@@ -58,18 +70,8 @@ def run(
     from tqdm import tqdm
 
     from specextend_vllm import reconfigure
-    from specextend_vllm.config import KEYS_FIXED_AT_LOAD, SpecExtendConfig
 
-    # Every setting drafts on its reduced cache at every step: this measures the policies.
-    defaults = {
-        **{
-            key: value
-            for key, value in SpecExtendConfig().to_dict().items()
-            if key not in KEYS_FIXED_AT_LOAD
-        },
-        "retrieval": "always",
-    }
-
+    defaults = setting_defaults()
     texts = {
         genre: {
             name: text

@@ -41,3 +41,14 @@ def test_needle_value_is_seeded_digits() -> None:
     value = needle_value(3)
     assert value == needle_value(3) != needle_value(4)
     assert [len(group) for group in value.split("-")] == [4] * 5 and value.replace("-", "").isdigit()
+
+
+def test_retrieval_accuracy_settings_are_all_reconfigurable() -> None:
+    """Each setting reconfigures one running engine: none may name a key fixed at load."""
+    from benchmarks.retrieval_accuracy import SETTINGS, setting_defaults
+    from specextend_vllm.config import KEYS_FIXED_AT_LOAD, SpecExtendConfig
+
+    for keys in SETTINGS.values():
+        setting = {**setting_defaults(), **keys}
+        assert not set(setting) & set(KEYS_FIXED_AT_LOAD)
+        SpecExtendConfig(**setting)
