@@ -39,9 +39,22 @@ def target_chunk_scores(model: Qwen2ForCausalLM, context: list[int]) -> torch.Te
     return padded.view(num_chunks, CHUNK).sum(1) / counts.view(num_chunks, CHUNK).sum(1)
 
 
-def test_kept_chunks_rank_highest_in_target_attention(tiny_models: dict[str, Path]) -> None:
+def ranked(scores: torch.Tensor, chunk_ranking: str) -> torch.Tensor:
+    """What each ranking orders chunks by: their scores, or under `continuation` the larger
+    of each chunk's and its predecessor's."""
+    if chunk_ranking == "attention":
+        return scores
+    return torch.maximum(scores, torch.cat([scores[:1], scores[:-1]]))
+
+
+@pytest.mark.parametrize("chunk_ranking", ["attention", "continuation"])
+def test_kept_chunks_rank_highest_in_target_attention(
+    tiny_models: dict[str, Path], chunk_ranking: str
+) -> None:
     prompts = random_prompts([500, 700], seed=5)
-    config = specextend_config(tiny_models["draft_noisy"], retrieval_interval=1)
+    config = specextend_config(
+        tiny_models["draft_noisy"], retrieval_interval=1, chunk_ranking=chunk_ranking
+    )
 
     def generate_and_read_selections(llm: Any) -> tuple[list[Any], list[dict[str, Any]]]:
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -63,7 +76,7 @@ def test_kept_chunks_rank_highest_in_target_attention(tiny_models: dict[str, Pat
         assert mine, "no selection was made for a request above the activation length"
         for selection in mine[-3:]:
             scores = target_chunk_scores(model, tokens[: selection["context_len"]])
-            candidates = scores[: selection["num_candidates"]]
+            candidates = ranked(scores[: selection["num_candidates"]], chunk_ranking)
             kept = selection["kept_chunks"]
             assert kept == sorted(kept) and len(kept) == KEPT
             kth_best = candidates.topk(KEPT).values[-1]
