@@ -81,10 +81,11 @@ def test_a_batch_follows_the_bucket_holding_most_of_its_context() -> None:
 def test_never_settles_on_the_worse_choice_for_long() -> None:
     """Noisy tokens per step (1 to 5), choices 1.2x apart in tokens per second, either
     way round, 100 seeds of 400 steps: the tokens per second of each run, measuring and
-    exploring included, against always making the better choice. Seen: mean 0.977, 5th
-    percentile 0.95, worst 0.87 (a run whose first samples favoured the worse choice and
-    whose explorations confirmed it for a while); with the chooser left on the full cache,
-    the runs where the reduced one wins reach 0.83."""
+    exploring included, against always making the better choice. Seen: mean 0.981, 5th
+    percentile 0.979, worst 0.87 (a run whose first samples favoured the worse choice and
+    whose explorations confirmed it for a while); with tokens per step compared as
+    measured, noise and all: mean 0.979, 5th percentile 0.962; with the chooser left on
+    the full cache, the runs where the reduced one wins reach 0.83."""
     efficiencies = []
     for seed in range(100):
         for reduced, full in (((0.5, 2.4), (0.5, 2.9)), ((0.5, 2.9), (0.6, 2.9))):
@@ -95,7 +96,7 @@ def test_never_settles_on_the_worse_choice_for_long() -> None:
             efficiencies.append(tokens / seconds / best_rate)
     efficiencies.sort()
     assert sum(efficiencies) / len(efficiencies) >= 0.97
-    assert efficiencies[len(efficiencies) // 20] >= 0.94
+    assert efficiencies[len(efficiencies) // 20] >= 0.97
     assert efficiencies[0] >= 0.84
 
 
@@ -108,17 +109,38 @@ def test_explores_the_other_choice_and_returns_when_it_pays_again() -> None:
     assert later[-EXPLORATION_PERIOD:].count(True) >= 0.85 * EXPLORATION_PERIOD
 
 
+def test_texts_that_change_between_requests_do_not_hold_the_slower_cache() -> None:
+    """Four requests of 75 steps at 9K, on texts whose drafts are accepted differently
+    (2.0, 3.5, 1.8 and 3.0 tokens a step), the same on either cache; the full cache's steps
+    take 1.2x as long. A way measured on one text and the other on the next differ in
+    tokens by the texts, not by the ways; 30 seeds. Seen: at most 32 of the 300 steps on
+    the full cache (its measuring and explorations) in 29 seeds, 71 in one. With tokens per
+    step compared as measured, noise and all: 137 in the 90th percentile, 197 at most."""
+    full_steps = []
+    for seed in range(30):
+        chooser = new_chooser()
+        choices = []
+        for index, tokens in enumerate((2.0, 3.5, 1.8, 3.0)):
+            choices += run_steps(chooser, 9000, 75, reduced=(0.5, tokens), full=(0.6, tokens), seed=10 * seed + index)
+        full_steps.append(choices.count(False))
+    full_steps.sort()
+    assert full_steps[26] <= 40 and full_steps[-1] <= 80
+
+
 def test_pauses_of_the_process_do_not_turn_the_choice() -> None:
     """Steps of about 10 ms (the engine tests' tiny models), the full cache 1.2x faster in
     tokens per second, and one step in 10 of either way taking 20 times as long; 20 seeds
-    of 300 steps. Seen: the full cache kept in 0.86-0.89 of the steps after measuring
-    (explorations are the rest) in 19 seeds, 0.74 in one; with step times as a moving
-    average (which one pause moves by 4 steps' worth), 0.50, 0.54, 0.57 and 0.75 in four."""
+    of 300 steps. Seen: every seed chooses step for step as without the pauses, the full
+    cache kept in 0.87-0.92 of the steps after measuring (explorations are the rest) in 19
+    seeds; in one, whose first steps gave the reduced cache more tokens, 0.49 (the
+    difference in tokens counts only once it exceeds its noise). With step times as a
+    moving average (which one pause moves by 4 steps' worth), 0.50, 0.54, 0.57 and 0.75
+    in four seeds."""
     kept_full = []
     for seed in range(20):
-        choices = run_steps(
-            new_chooser(), 3000, 300, reduced=(0.010, 2.4), full=(0.010, 2.9), seed=seed, pause_every=10
-        )
+        chooser_args = dict(reduced=(0.010, 2.4), full=(0.010, 2.9), seed=seed)
+        choices = run_steps(new_chooser(), 3000, 300, pause_every=10, **chooser_args)
+        assert choices == run_steps(new_chooser(), 3000, 300, **chooser_args)
         kept_full.append(choices[MEASURING_STEPS:].count(False) / (300 - MEASURING_STEPS))
     kept_full.sort()
-    assert kept_full[3] >= 0.85 and kept_full[0] >= 0.7
+    assert kept_full[1] >= 0.85 and kept_full[0] >= 0.45
