@@ -58,3 +58,19 @@ def test_each_prompt_token_attends_to_the_sink_its_window_and_nothing_later() ->
 
 def test_short_prompts_and_short_queries_are_left_whole() -> None:
     assert windowed_rows(np.array([0, 100, 103]), np.array([100, 500]), np.array([True, False]), WINDOW, BLOCK_SIZE) is None
+
+
+def test_what_a_token_attends_to_depends_on_its_position_only() -> None:
+    """A prompt of 350 tokens prefilled whole, and the same prompt's tokens from each of
+    several positions on (a later chunk of its prefill, or the part a prefix-cache hit
+    leaves to compute, such as its last block): every token attends to the same keys.
+    Injected: pieces counted from each pass's first token (as before), where a prompt's
+    recomputed last block read fewer keys than in its first prefill; caught."""
+    seq_lens = np.array([350])
+    whole = visible_positions(np.array([0, 350]), seq_lens, np.array([True]))
+    for first_position in (96, 150, 200, 256, 320, 336):
+        query_len = 350 - first_position
+        if query_len <= SINK_BLOCKS * BLOCK_SIZE:
+            continue
+        part = visible_positions(np.array([0, query_len]), seq_lens, np.array([True]))
+        assert part == {key: whole[key] for key in part}, first_position
