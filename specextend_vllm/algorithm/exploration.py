@@ -262,7 +262,6 @@ class WayMeasurements:
         self.tokens_per_step.add(tokens_per_step)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class TwoWaySchedule:
     """How a `TwoWayChoice` measures: `min_samples` steps of each way, taken in turns of
