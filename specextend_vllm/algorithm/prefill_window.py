@@ -106,7 +106,7 @@ def windowed_rows(
     piece_index = np.arange(rows.shape[0]) - np.repeat(np.cumsum(num_pieces) - num_pieces, num_pieces)
     piece_starts = (first_pieces[rows] + piece_index) * piece_tokens
     split = reaches[rows]
-    start_positions = np.where(split, np.maximum(piece_starts, first_positions[rows]), first_positions[rows])
+    start_positions = np.maximum(piece_starts, first_positions[rows])
     end_positions = np.where(split, np.minimum(piece_starts + piece_tokens, seq_lens[rows]), seq_lens[rows])
     starts = query_start_loc[rows] + start_positions - first_positions[rows]
     ends = query_start_loc[rows] + end_positions - first_positions[rows]
