@@ -11,14 +11,18 @@ batch grows, and verifying j + 1 tokens per request costs up to j + 1 times a pl
 so they are measured per bucket of batch sizes (1, 2-3, 4-7, ...), each as the lower
 median of its recent steps (a pause of the process moves it by one rank, not by its size);
 a length not measured yet is interpolated between the measured ones. Acceptance depends on
-the requests, not the batch size: a length's tokens follow from one acceptance rate a for
-all buckets (each draft accepted with probability a once those before it were),
-`tokens(j) = 1 + a + ... + a^j`, a being the accepted drafts over the accepted and rejected
-ones (a request's step rejects one draft unless it accepted all it drafted), both averaged
-over recent steps of any length. A chain of k drafts that narrowly loses to plain
-decoding often wins with fewer: the first drafts are the likeliest accepted, the last ones
-cost as much and pay least. (Trees are drafted whole or not at all, j is 0 or k, and a
-tree's tokens per step are taken as measured: they do not follow a chain's.)
+the requests, not the batch size: a length's tokens follow, for all buckets, from the
+share of requests accepting the i-th draft among those that accepted the drafts before it,
+p_i, each a moving average over recent steps that drafted i or more,
+`tokens(j) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_j`. A depth not drafted yet takes the
+deepest measured one's p. The p_i are not one rate: a draft that follows accepted ones is
+accepted more often than the first (easy stretches of text accept whole chains: at 8K,
+chains of 4 accepted their fourth draft in 0.6-0.9 of the steps that accepted the first
+three, where one rate for all drafts gave 0.5-0.8, and undervalued the fourth draft). A
+chain of k drafts that narrowly loses to plain decoding often wins with fewer: the first
+drafts are the likeliest accepted, the last ones cost as much and pay least. (Trees are
+drafted whole or not at all, j is 0 or k, and a tree's tokens per step are taken as
+measured: they do not follow a chain's.)
 
 Each bucket measures k drafts first (8 steps, or 3 once acceptance is measured), then
 none, then keeps the best length and tries drafting or not drafting, whichever it left,
@@ -34,11 +38,16 @@ than keeps what the checks lose within 3% of the time (`algorithm.exploration.
 budgeted_period`; up to 256 steps apart): a draft that narrowly loses (on a CPU where it
 costs 0.4 of a target step) would otherwise lose 4%. A choice made by less than
 `exploration.NARROW_WIN` is checked again soon, whichever it is: the few steps that made it
-may come from a slower or faster stretch than those after them.
+may come from a slower or faster stretch than those after them. A kept length below k
+also drafts one more token for a few steps now and then (after 8 steps, up to 128): only
+that measures the next draft's acceptance and step time as they are now, not as they were
+when the length was last drafted (at 8K, chains kept at 3 drafts where 4, measured only in
+the engine's first requests, decoded 1.15-1.2x faster).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 
 from specextend_vllm.algorithm.exploration import (
     Exploration,
@@ -51,8 +60,8 @@ from specextend_vllm.algorithm.exploration import (
 # every step while it is kept, no drafts a few steps per exploration.
 DRAFTING_STEP_WINDOW = 8
 PLAIN_STEP_WINDOW = 4
-# Weight of a new measurement in the moving averages of accepted and rejected drafts per
-# request and step (0 to j accepted from one step to the next).
+# Weight of a new measurement in the moving averages of accepted drafts per request and
+# step, and of each draft's acceptance (0 to j accepted from one step to the next).
 TOKENS_SMOOTHING = 0.05
 # Steps measured with each choice before the bucket compares them: more for drafting,
 # whose tokens per step vary from 1 to k + 1 from one step to the next (three steps that
@@ -69,6 +78,10 @@ MIN_PLAIN_SAMPLES = 3
 # drafting, whose acceptance needs more samples.
 EXPLORATION_STEPS = 4
 DRAFTING_EXPLORATION_STEPS = 8
+# Steps of an exploration of one more draft: all but the last (which switches back) measure
+# its step time, most of DRAFTING_STEP_WINDOW, so that its median is one measured now.
+LONGER_EXPLORATION_STEPS = DRAFTING_STEP_WINDOW // 2 + 2
+LONGER_EXPLORATION_PERIOD = 128
 # Periods between explorations of plain steps while drafting is kept (the first, the
 # longest); those of drafting while it is not are `algorithm.exploration`'s.
 PLAIN_FIRST_EXPLORATION_PERIOD = 32
@@ -84,19 +97,25 @@ def batch_size_bucket(batch_size: int) -> int:
     return max(batch_size, 1).bit_length() - 1
 
 
-def expected_tokens(acceptance_rate: float, num_drafts: int) -> float:
-    """Tokens a step gives (1 + accepted drafts) when each draft is accepted with
-    probability `acceptance_rate` once those before it were: 1 + a + ... + a^num_drafts.
+def chain_tokens(draft_acceptance: Sequence[float]) -> float:
+    """Tokens a step of a chain of drafts gives (1 + accepted drafts) when its i-th draft
+    is accepted with probability `draft_acceptance[i]` once those before it were:
+    1 + p_1 + p_1 p_2 + ... + p_1 ... p_j.
 
-    >>> expected_tokens(0.5, 3)
-    1.875
+    >>> chain_tokens([0.5, 0.5, 0.5]), chain_tokens([0.5, 1.0, 1.0]), chain_tokens([])
+    (1.875, 2.5, 1.0)
     """
-    return sum(acceptance_rate**i for i in range(num_drafts + 1))
+    tokens, accepting = 1.0, 1.0
+    for rate in draft_acceptance:
+        accepting *= rate
+        tokens += accepting
+    return tokens
 
 
 class BucketState:
     """One bucket of batch sizes: its step times per number of drafts, the number it
-    keeps (0: not drafting) and the drafting length its explorations draft."""
+    keeps (0: not drafting), the drafting length its explorations draft, and when a kept
+    length drafts one more."""
 
     def __init__(self, max_drafts: int):
         self.step_s = [RecentMedian(PLAIN_STEP_WINDOW)] + [
@@ -108,6 +127,7 @@ class BucketState:
             PLAIN_FIRST_EXPLORATION_PERIOD, PLAIN_EXPLORATION_PERIOD
         )
         self.drafting_exploration = Exploration()
+        self.longer_exploration = Exploration(max_period=LONGER_EXPLORATION_PERIOD)
 
     @property
     def prefers_drafting(self) -> bool:
@@ -127,13 +147,15 @@ class BucketState:
     def scheduled_length(self, drafting_samples: int) -> int:
         """What the bucket drafts now: k drafts until measured in `drafting_samples`
         steps, then none until measured, then the kept length, or while exploring none or
-        the best drafting length."""
+        the best drafting length, or one draft more than the kept length."""
         if self.step_s[-1].samples < drafting_samples:
             return len(self.step_s) - 1
         if self.step_s[0].samples < MIN_PLAIN_SAMPLES:
             return 0
         if self.exploration.exploring:
             return 0 if self.prefers_drafting else self.drafting_length
+        if self.prefers_drafting and self.longer_exploration.exploring:
+            return min(self.length + 1, len(self.step_s) - 1)
         return self.length
 
     def step_seconds(self, num_drafts: int) -> float:
@@ -172,11 +194,11 @@ class DraftLengthChooser:
     batch 8, 1.8 s, where even one draft, costing a quarter of the difference, takes 0.71 s
     (2.5 tokens/s against 2.9 plain). Once measured, batches of 1 draft 4, of 8 none:
 
-    >>> tokens, rejecting = expected_tokens(0.75, 4), 1 - 0.75**4
+    >>> accepted = [0.75, 0.75**2, 0.75**3, 0.75**4]
     >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=8)
     >>> for _ in range(MIN_DRAFTING_SAMPLES):
-    ...     chooser.record_step(1, 4, 4, 0.5, tokens, rejecting)
-    ...     chooser.record_step(8, 4, 4, 1.8, tokens, rejecting)
+    ...     chooser.record_step(1, 4, 4, 0.5, accepted)
+    ...     chooser.record_step(8, 4, 4, 1.8, accepted)
     >>> for _ in range(MIN_PLAIN_SAMPLES):
     ...     chooser.record_step(1, 0, 0, 0.3)
     ...     chooser.record_step(8, 0, 0, 0.35)
@@ -186,10 +208,9 @@ class DraftLengthChooser:
     With drafts accepted with probability 0.6, 4 drafts in 0.6 s a step give 3.8 tokens/s
     against 3.3 plain; 2 drafts, in 0.45 s, give 4.4:
 
-    >>> tokens, rejecting = expected_tokens(0.6, 4), 1 - 0.6**4
     >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=1)
     >>> for _ in range(MIN_DRAFTING_SAMPLES):
-    ...     chooser.record_step(1, 4, 4, 0.6, tokens, rejecting)
+    ...     chooser.record_step(1, 4, 4, 0.6, [0.6, 0.6**2, 0.6**3, 0.6**4])
     >>> for _ in range(MIN_PLAIN_SAMPLES):
     ...     chooser.record_step(1, 0, 0, 0.3)
     >>> chooser.lookup[1]
@@ -205,7 +226,9 @@ class DraftLengthChooser:
             BucketState(num_speculative_tokens) for _ in range(batch_size_bucket(max_batch_size) + 1)
         ]
         self.accepted_drafts = MovingAverage(TOKENS_SMOOTHING)
-        self.rejected_drafts = MovingAverage(TOKENS_SMOOTHING)
+        self.draft_acceptance = [
+            MovingAverage(TOKENS_SMOOTHING) for _ in range(num_speculative_tokens)
+        ]
         self.lookup = [num_speculative_tokens] * (max_batch_size + 1)
 
     def record_step(
@@ -214,28 +237,25 @@ class DraftLengthChooser:
         verified_drafts: int,
         next_drafts: int,
         step_seconds: float,
-        tokens_per_step: float | None = None,
-        rejecting_share: float | None = None,
+        accepted_shares: Sequence[float] | None = None,
     ) -> None:
         """One decoding step of `batch_size` requests, none prefilling: each verified
-        `verified_drafts` drafts (on average `tokens_per_step` tokens came out; a share
-        `rejecting_share` of the requests rejected one), and the step scheduled
-        `next_drafts` for the next one. Steps that change the number of drafts measure no
-        length's step time."""
+        `verified_drafts` drafts (`accepted_shares[i]`: the share of the requests that
+        accepted i + 1 of them or more), and the step scheduled `next_drafts` for the next
+        one. Steps that change the number of drafts measure no length's step time."""
         index = min(batch_size_bucket(batch_size), len(self.buckets) - 1)
         bucket = self.buckets[index]
         if verified_drafts == next_drafts and verified_drafts <= self.max_drafts:
             bucket.step_s[verified_drafts].add(step_seconds)
-        if verified_drafts and tokens_per_step is not None and rejecting_share is not None:
-            self.accepted_drafts.add(tokens_per_step - 1.0)
-            self.rejected_drafts.add(rejecting_share)
+        if verified_drafts and accepted_shares is not None:
+            self._record_acceptance(accepted_shares)
         drafting_samples = (
             MIN_PLAIN_SAMPLES
             if self.accepted_drafts.samples >= MIN_DRAFTING_SAMPLES
             else MIN_DRAFTING_SAMPLES
         )
         if bucket.measured(drafting_samples):
-            preferred = bucket.prefers_drafting
+            preferred, length = bucket.prefers_drafting, bucket.length
             win, explored_tokens_ratio = self._update_choice(bucket)
             bucket.exploration.count_step(
                 bucket.prefers_drafting != preferred,
@@ -243,33 +263,54 @@ class DraftLengthChooser:
                 EXPLORATION_STEPS if bucket.prefers_drafting else DRAFTING_EXPLORATION_STEPS,
                 explored_tokens_ratio,
             )
+            if (
+                bucket.prefers_drafting
+                and bucket.length < self.max_drafts
+                and not bucket.exploration.exploring
+            ):
+                self._count_longer_exploration_step(bucket, bucket.length != length)
         self._write_lookup(index, bucket.scheduled_length(drafting_samples))
 
-    def acceptance_rate(self) -> float:
-        """Accepted drafts over accepted and rejected ones, in recent drafting steps.
+    def draft_acceptance_rates(self) -> list[float]:
+        """Each draft's share of acceptance among the requests that accepted the drafts
+        before it, in recent steps that drafted it; a draft not drafted yet takes the
+        deepest drafted one's.
 
         >>> chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=1)
-        >>> chooser.record_step(1, 4, 4, 0.5, tokens_per_step=3.0, rejecting_share=1.0)
-        >>> chooser.record_step(1, 2, 2, 0.4, tokens_per_step=3.0, rejecting_share=0.0)
-        >>> chooser.acceptance_rate()
-        0.8
+        >>> chooser.record_step(1, 2, 2, 0.4, accepted_shares=[0.5, 0.25])
+        >>> chooser.record_step(1, 2, 2, 0.4, accepted_shares=[1.0, 1.0])
+        >>> chooser.draft_acceptance_rates()
+        [0.75, 0.75, 0.75, 0.75]
         """
-        accepted = self.accepted_drafts.value
-        drafts = accepted + self.rejected_drafts.value
-        return accepted / drafts if drafts else 0.0
+        rates: list[float] = []
+        for acceptance in self.draft_acceptance:
+            rates.append(acceptance.value if acceptance.samples else (rates[-1] if rates else 0.0))
+        return rates
+
+    def _record_acceptance(self, accepted_shares: Sequence[float]) -> None:
+        self.accepted_drafts.add(sum(accepted_shares))
+        reaching = 1.0
+        for acceptance, accepting in zip(self.draft_acceptance, accepted_shares):
+            if not reaching:
+                break
+            acceptance.add(accepting / reaching)
+            reaching = accepting
 
     def _tokens_per_step(self, num_drafts: int) -> float:
-        """A chain's tokens from the acceptance rate; a tree's (one size, whose tokens do
-        not follow a chain's) as measured."""
+        """A chain's tokens from each draft's acceptance; a tree's (one size, whose tokens
+        do not follow a chain's) as measured."""
         if len(self.drafting_lengths) == 1:
             return 1.0 + self.accepted_drafts.value
-        return expected_tokens(self.acceptance_rate(), num_drafts)
+        return chain_tokens(self.draft_acceptance_rates()[:num_drafts])
+
+    def _rate(self, bucket: BucketState, num_drafts: int) -> float:
+        return self._tokens_per_step(num_drafts) / bucket.step_seconds(num_drafts)
 
     def _update_choice(self, bucket: BucketState) -> tuple[float, float]:
         """Updates the bucket's length; returns how many times faster drafting or not,
         whichever is kept, measures than the other, and the other's tokens per step over
         the kept one's."""
-        rates = {j: self._tokens_per_step(j) / bucket.step_seconds(j) for j in self.drafting_lengths}
+        rates = {j: self._rate(bucket, j) for j in self.drafting_lengths}
         best = max(rates, key=rates.__getitem__)
         kept = bucket.length
         if kept and keeps_preference(True, rates[kept], rates[best]):
@@ -283,6 +324,15 @@ class DraftLengthChooser:
         if drafts:
             return drafting_rate / plain_rate, 1 / tokens
         return plain_rate / drafting_rate, tokens
+
+    def _count_longer_exploration_step(self, bucket: BucketState, length_changed: bool) -> None:
+        kept, longer = bucket.length, bucket.length + 1
+        bucket.longer_exploration.count_step(
+            length_changed,
+            self._rate(bucket, kept) / self._rate(bucket, longer),
+            LONGER_EXPLORATION_STEPS,
+            self._tokens_per_step(longer) / self._tokens_per_step(kept),
+        )
 
     def _write_lookup(self, index: int, num_drafts: int) -> None:
         first = 1 << index

@@ -6,6 +6,8 @@ import dataclasses
 import time
 from typing import Any
 
+import numpy as np
+
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -123,8 +125,7 @@ class SchedulerMeasuresDrafting(VllmPatch):
                     step.verified_drafts,
                     scheduler_output.num_spec_tokens_to_schedule,
                     time.perf_counter() - started,
-                    step.tokens_per_step,
-                    step.rejecting_share,
+                    step.accepted_shares,
                 )
         return SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)
 
@@ -132,13 +133,12 @@ class SchedulerMeasuresDrafting(VllmPatch):
 @dataclasses.dataclass(frozen=True)
 class DecodingStep:
     """A step where every request verified `verified_drafts` drafts and none prefilled:
-    the mean tokens each got and the share of requests that rejected a draft (None
+    `accepted_shares[i]`, the share of requests that accepted i + 1 drafts or more (None
     without drafts, or where the sampled tokens did not come back)."""
 
     batch_size: int
     verified_drafts: int
-    tokens_per_step: float | None
-    rejecting_share: float | None
+    accepted_shares: tuple[float, ...] | None
 
 
 def decoding_step(
@@ -160,8 +160,17 @@ def decoding_step(
     index = model_runner_output.req_id_to_index
     counts = [len(sampled[index[r]]) for r in num_scheduled if r in index and index[r] < len(sampled)]
     if not counts or not verified_drafts:
-        return DecodingStep(len(num_scheduled), verified_drafts, None, None)
-    rejecting = sum(count <= verified_drafts for count in counts)
-    return DecodingStep(
-        len(num_scheduled), verified_drafts, sum(counts) / len(counts), rejecting / len(counts)
-    )
+        return DecodingStep(len(num_scheduled), verified_drafts, None)
+    return DecodingStep(len(num_scheduled), verified_drafts, accepted_shares(counts, verified_drafts))
+
+
+def accepted_shares(sampled_counts: list[int], verified_drafts: int) -> tuple[float, ...]:
+    """The share of requests that accepted 1, 2, ... `verified_drafts` drafts or more, from
+    the tokens each request sampled (1 + accepted drafts).
+
+    >>> accepted_shares([1, 3, 3, 5], verified_drafts=4)
+    (0.75, 0.75, 0.25, 0.25)
+    """
+    accepted = np.bincount(np.asarray(sampled_counts) - 1, minlength=verified_drafts + 1)
+    at_least = np.cumsum(accepted[::-1])[::-1]
+    return tuple((at_least[1 : verified_drafts + 1] / len(sampled_counts)).tolist())
