@@ -129,9 +129,11 @@ def run_speed(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
         else {f"specextend_{policy}": {"policy": policy} for policy in args.policies}
     )
     configs = engine_configs(draft, args)
-    for name, keys in args.specextend_engines.items():
-        configs[f"specextend_{name}"] = {**configs["specextend"], **keys}
-        args.methods = [*args.methods, f"specextend_{name}"]
+    extra_engines = {
+        f"specextend_{name}": {**configs["specextend"], **keys}
+        for name, keys in args.specextend_engines.items()
+    }
+    configs = {name: configs[name] for name in args.methods} | extra_engines
     return run_lengths(args, target, tokenizer, configs, variants, "speed")
 
 
@@ -142,6 +144,7 @@ def run_verification(args: argparse.Namespace, draft: Path, target: Path, tokeni
         f"specextend_{mode}": {"verification_attention": mode} for mode in ("hybrid", "native")
     }
     configs = {name: config for name, config in engine_configs(draft, args).items() if name != "draft_model"}
+    configs = {name: config for name, config in configs.items() if name in args.methods}
     return run_lengths(args, target, tokenizer, configs, variants, "verification")
 
 
@@ -167,7 +170,6 @@ def run_trees(args: argparse.Namespace, draft: Path, target: Path, tokenizer: An
             name: config for name, config in configs.items()
             if name == "no_speculation" or name.removeprefix("specextend_") in args.tree_settings
         }
-    args.methods = list(configs)
     return run_lengths(args, target, tokenizer, configs, {}, "trees")
 
 
@@ -179,6 +181,7 @@ def run_tiny_draft(args: argparse.Namespace, draft: Path, target: Path, tokenize
     configs = {
         name: None if config is None else {**config, "use_heterogeneous_vocab": True}
         for name, config in engine_configs(draft, args).items()
+        if name in args.methods
     }
     return run_lengths(args, target, tokenizer, configs, TINY_DRAFT_VARIANTS, "tiny draft")
 
@@ -191,8 +194,8 @@ def run_lengths(
     specextend_variants_keys: dict[str, dict[str, Any]],
     description: str,
 ) -> dict[str, Any]:
-    """Each engine of `configs` (those named by --methods) on each prompt; the specextend
-    engine runs every variant on one prefill, the first variant paying for it."""
+    """Each engine of `configs` on each prompt; the specextend engine runs every variant
+    on one prefill, the first variant paying for it."""
     from tqdm import tqdm
 
     prompts = [
@@ -200,7 +203,6 @@ def run_lengths(
         for length in args.lengths
         for genre, name, text in prompt_texts(args)
     ]
-    configs = {name: config for name, config in configs.items() if name in args.methods}
     runs: list[dict[str, Any]] = []
     max_model_len = max(args.lengths) + args.max_tokens + 64
     runs_per_prompt = sum(
