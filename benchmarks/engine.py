@@ -52,6 +52,29 @@ def machine() -> dict[str, Any]:
     }
 
 
+MATMUL_SIZE = 512
+
+
+def machine_gflops(seconds: float = 0.1, slices: int = 3) -> float:
+    """The machine's fp32 matrix-multiply rate now, in GFLOP/s: 512 x 512 products in this
+    process, the fastest of `slices` stretches of `seconds` (a stretch that overlaps the
+    engine's last work of a request is slower). Taken between requests, it shows whether
+    the machine ran slower during a cell than during its neighbours (on shared machines it
+    does, by up to 1.4x within a run)."""
+    import torch
+
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
+    rates = []
+    for _ in range(slices):
+        products = 0
+        start = time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            torch.mm(a, a)
+            products += 1
+        rates.append(2 * MATMUL_SIZE**3 * products / elapsed / 1e9)
+    return max(rates)
+
+
 def make_llm(target: Path | str, speculative_config: dict[str, Any] | None, max_model_len: int, **kwargs: Any) -> Any:
     from vllm import LLM
 

@@ -274,6 +274,7 @@ def measure_one(
     """One prompt on one engine; `tokens_per_step`: target tokens of a decoding step."""
     step_records(llm)
     retrieval_before = engine.retrieval_counters(llm) if method.startswith("specextend") else {}
+    machine_gflops = engine.machine_gflops()
     [request], wall_s = engine.generate(llm, [prompt["token_ids"]], args.max_tokens)
     breakdown = engine.time_breakdown(step_records(llm), max(tokens_per_step, args.k + 1), request.decode_s)
     run = {
@@ -288,6 +289,7 @@ def measure_one(
         "accepted_per_step": request.accepted_per_step,
         "drafted_per_step": request.drafted_per_step,
         "time_per_step": breakdown,
+        "machine_gflops": machine_gflops,
     }
     if retrieval_before:
         after = engine.retrieval_counters(llm)
@@ -379,6 +381,7 @@ def speed_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "target_forward_ms": 1000 * statistics.median(s["target_forward_s"] for s in steps) if steps else None,
                 "ttft_s": group[0]["engine_ttft_s"],
                 "reduced_draft_steps": sum(r.get("retrieval", {}).get("reduced_draft_steps", 0) for r in group),
+                "machine_gflops": median_or_none([r.get("machine_gflops") for r in group]),
             }
         )
     by_key = {(r["method"], r["length"], r["text"]): r for r in rows}
@@ -394,6 +397,16 @@ def speed_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             fastest = max(b["decode_tokens_per_s"] for b in baselines.values() if b)
             row["vs_faster_alternative"] = row["decode_tokens_per_s"] / fastest
     return rows
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median of the values given (runs saved before a figure existed give None).
+
+    >>> median_or_none([3.0, None, 1.0, 2.0]), median_or_none([None])
+    (2.0, None)
+    """
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
 
 
 def mean_breakdown(breakdowns: list[dict[str, Any]]) -> dict[str, float]:

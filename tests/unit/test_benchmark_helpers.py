@@ -52,3 +52,25 @@ def test_retrieval_accuracy_settings_are_all_reconfigurable() -> None:
         setting = {**setting_defaults(), **keys}
         assert not set(setting) & set(KEYS_FIXED_AT_LOAD)
         SpecExtendConfig(**setting)
+
+
+def test_speed_cells_carry_the_machine_speed_their_runs_were_taken_at() -> None:
+    """A cell's machine figure is the median of its runs' (runs saved before the figure
+    existed have none), so a cell taken while the machine ran slower shows it."""
+    from benchmarks.engine import machine_gflops
+    from benchmarks.long_inputs import speed_cells
+
+    def run(method: str, gflops: float | None) -> dict[str, object]:
+        figures = {
+            "method": method, "length": 1024, "genre": "essays", "text": "essays/set_1",
+            "tokens": [1, 2, 3], "ttft_s": 1.0, "decode_s": 0.5, "engine_ttft_s": 1.0,
+            "accepted_per_step": [], "drafted_per_step": [], "time_per_step": {},
+        }
+        return figures if gflops is None else {**figures, "machine_gflops": gflops}
+
+    runs = [run("no_speculation", 100.0), run("no_speculation", 60.0), run("no_speculation", 90.0)]
+    runs += [run("draft_model", None)]
+    cells = {cell["method"]: cell for cell in speed_cells(runs)}
+    assert cells["no_speculation"]["machine_gflops"] == 90.0
+    assert cells["draft_model"]["machine_gflops"] is None
+    assert machine_gflops(seconds=0.01, slices=2) > 0
