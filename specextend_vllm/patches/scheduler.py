@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -166,11 +165,15 @@ def decoding_step(
 
 def accepted_shares(sampled_counts: list[int], verified_drafts: int) -> tuple[float, ...]:
     """The share of requests that accepted 1, 2, ... `verified_drafts` drafts or more, from
-    the tokens each request sampled (1 + accepted drafts).
+    the tokens each request sampled (1 + accepted drafts; a request whose tokens were
+    discarded sampled none and counts as accepting none).
 
     >>> accepted_shares([1, 3, 3, 5], verified_drafts=4)
     (0.75, 0.75, 0.25, 0.25)
+    >>> accepted_shares([0, 2], verified_drafts=2)
+    (0.5, 0.0)
     """
-    accepted = np.bincount(np.asarray(sampled_counts) - 1, minlength=verified_drafts + 1)
+    accepted = np.clip(np.asarray(sampled_counts) - 1, 0, verified_drafts)
+    accepted = np.bincount(accepted, minlength=verified_drafts + 1)
     at_least = np.cumsum(accepted[::-1])[::-1]
     return tuple((at_least[1 : verified_drafts + 1] / len(sampled_counts)).tolist())
