@@ -18,11 +18,10 @@ p_i, each a moving average over recent steps that drafted i or more,
 deepest measured one's p. Shorter chains' tokens are then what the same steps gave: one
 rate for all drafts put them up to 10% off in 8K runs, as far off as lengths differ by,
 and undervalues drafts that follow accepted ones where whole chains are accepted
-together. A
-chain of k drafts that narrowly loses to plain decoding often wins with fewer: the first
-drafts are the likeliest accepted, the last ones cost as much and pay least. (Trees are
-drafted whole or not at all, j is 0 or k, and a tree's tokens per step are taken as
-measured: they do not follow a chain's.)
+together. A chain of k drafts that narrowly loses to plain decoding often wins with
+fewer: the first drafts are the likeliest accepted, the last ones cost as much and pay
+least. (Trees are drafted whole or not at all, j is 0 or k, and a tree's tokens per step
+are taken as measured: they do not follow a chain's.)
 
 Each bucket measures k drafts first (8 steps, or 3 once acceptance is measured), then
 none, then keeps the best length and tries drafting or not drafting, whichever it left,
