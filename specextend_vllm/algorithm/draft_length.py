@@ -256,7 +256,8 @@ class DraftLengthChooser:
         )
         if bucket.measured(drafting_samples):
             preferred, length = bucket.prefers_drafting, bucket.length
-            win, explored_tokens_ratio = self._update_choice(bucket)
+            tokens = self._tokens_per_length()
+            win, explored_tokens_ratio = self._update_choice(bucket, tokens)
             bucket.exploration.count_step(
                 bucket.prefers_drafting != preferred,
                 win,
@@ -268,7 +269,7 @@ class DraftLengthChooser:
                 and bucket.length < self.max_drafts
                 and not bucket.exploration.exploring
             ):
-                self._count_longer_exploration_step(bucket, bucket.length != length)
+                self._count_longer_exploration_step(bucket, bucket.length != length, tokens)
         self._write_lookup(index, bucket.scheduled_length(drafting_samples))
 
     def draft_acceptance_rates(self) -> list[float]:
@@ -296,21 +297,19 @@ class DraftLengthChooser:
             acceptance.add(accepting / reaching)
             reaching = accepting
 
-    def _tokens_per_step(self, num_drafts: int) -> float:
-        """A chain's tokens from each draft's acceptance; a tree's (one size, whose tokens
-        do not follow a chain's) as measured."""
+    def _tokens_per_length(self) -> dict[int, float]:
+        """Each drafting length's tokens per step: a chain's from each draft's acceptance;
+        a tree's (one size, whose tokens do not follow a chain's) as measured."""
         if len(self.drafting_lengths) == 1:
-            return 1.0 + self.accepted_drafts.value
-        return chain_tokens(self.draft_acceptance_rates()[:num_drafts])
+            return {self.max_drafts: 1.0 + self.accepted_drafts.value}
+        acceptance = self.draft_acceptance_rates()
+        return {j: chain_tokens(acceptance[:j]) for j in self.drafting_lengths}
 
-    def _rate(self, bucket: BucketState, num_drafts: int) -> float:
-        return self._tokens_per_step(num_drafts) / bucket.step_seconds(num_drafts)
-
-    def _update_choice(self, bucket: BucketState) -> tuple[float, float]:
+    def _update_choice(self, bucket: BucketState, tokens: dict[int, float]) -> tuple[float, float]:
         """Updates the bucket's length; returns how many times faster drafting or not,
         whichever is kept, measures than the other, and the other's tokens per step over
         the kept one's."""
-        rates = {j: self._rate(bucket, j) for j in self.drafting_lengths}
+        rates = {j: tokens[j] / bucket.step_seconds(j) for j in self.drafting_lengths}
         best = max(rates, key=rates.__getitem__)
         kept = bucket.length
         if kept and keeps_preference(True, rates[kept], rates[best]):
@@ -320,18 +319,19 @@ class DraftLengthChooser:
         drafts = keeps_preference(bucket.prefers_drafting, drafting_rate, plain_rate)
         bucket.drafting_length = best
         bucket.length = best if drafts else 0
-        tokens = self._tokens_per_step(best)
         if drafts:
-            return drafting_rate / plain_rate, 1 / tokens
-        return plain_rate / drafting_rate, tokens
+            return drafting_rate / plain_rate, 1 / tokens[best]
+        return plain_rate / drafting_rate, tokens[best]
 
-    def _count_longer_exploration_step(self, bucket: BucketState, length_changed: bool) -> None:
+    def _count_longer_exploration_step(
+        self, bucket: BucketState, length_changed: bool, tokens: dict[int, float]
+    ) -> None:
         kept, longer = bucket.length, bucket.length + 1
         bucket.longer_exploration.count_step(
             length_changed,
-            self._rate(bucket, kept) / self._rate(bucket, longer),
+            (tokens[kept] / bucket.step_seconds(kept)) / (tokens[longer] / bucket.step_seconds(longer)),
             LONGER_EXPLORATION_STEPS,
-            self._tokens_per_step(longer) / self._tokens_per_step(kept),
+            tokens[longer] / tokens[kept],
         )
 
     def _write_lookup(self, index: int, num_drafts: int) -> None:
