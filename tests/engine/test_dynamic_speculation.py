@@ -4,6 +4,8 @@ number of draft tokens, and the method's own choice from measured step times
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,74 @@ def test_auto_drafting_steps_back_from_a_draft_that_is_never_accepted(
     request_steps = len(prompts) * LONG_OUTPUT_TOKENS
     assert 0 < counts["num_draft_tokens"] < request_steps * NUM_SPECULATIVE_TOKENS / 4
     assert counts["num_accepted_tokens"] < counts["num_draft_tokens"] / 10
+
+
+# Sleeps added to each forward pass: a plain step then takes about SLOW_TARGET_S, a step
+# of NUM_SPECULATIVE_TOKENS drafts SLOW_TARGET_S plus one draft pass per draft.
+SLOW_TARGET_S = 0.02
+SLOW_DRAFT_PASS_S = 0.06
+
+
+def slow_down(worker: Any, drafter: bool, seconds: float) -> None:
+    model = worker.model_runner.drafter.model if drafter else worker.model_runner.model
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def slow_forward(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
+
+
+def restore(worker: Any, drafter: bool) -> None:
+    model = worker.model_runner.drafter.model if drafter else worker.model_runner.model
+    model.forward = model.forward.__wrapped__
+
+
+def drafting_share(llm: Any, prompts: list[list[int]], plain: list[list[int]]) -> float:
+    """Generates the prompts (checked against plain decoding); returns the share of the
+    requests' decoding steps that drafted. Every draft is accepted here, so a request's
+    tokens after its first come 1 + NUM_SPECULATIVE_TOKENS per drafting step, 1 per plain
+    one."""
+    before = spec_decode_counts(llm)
+    assert generate_ids(llm, prompts, LONG_OUTPUT_TOKENS) == plain
+    after = spec_decode_counts(llm)
+    drafting = after["num_drafts"] - before["num_drafts"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    plain_steps = len(prompts) * (LONG_OUTPUT_TOKENS - 1) - drafting - accepted
+    return drafting / (drafting + max(plain_steps, 0))
+
+
+def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_recovers(
+    tiny_models: dict[str, Path], prompts: list[list[int]]
+) -> None:
+    """The target drafting for itself on the full cache (every draft accepted), its
+    forward slowed to SLOW_TARGET_S: a drafting step gives 4 tokens in little more than a
+    plain step's time, and the batch drafts. Once each draft pass sleeps
+    SLOW_DRAFT_PASS_S, a drafting step still gives 4 tokens but takes 10 plain steps' time,
+    and the batch stops drafting (losing on time, not on acceptance), checking drafting
+    for a few steps now and then; with the draft restored, such a check finds drafting
+    faster again and the batch drafts again."""
+    config = specextend_config(tiny_models["target"], drafting="auto", policy="full")
+    plain = decode(tiny_models["target"], prompts, LONG_OUTPUT_TOKENS).outputs
+
+    def run(llm: Any) -> tuple[list[float], list[float], list[float]]:
+        llm.collective_rpc(functools.partial(slow_down, drafter=False, seconds=SLOW_TARGET_S))
+        paying = [drafting_share(llm, prompts, plain) for _ in range(2)]
+        llm.collective_rpc(functools.partial(slow_down, drafter=True, seconds=SLOW_DRAFT_PASS_S))
+        slow = [drafting_share(llm, prompts, plain) for _ in range(3)]
+        llm.collective_rpc(functools.partial(restore, drafter=True))
+        recovered: list[float] = []
+        while len(recovered) < 6 and (not recovered or recovered[-1] < 0.5):
+            recovered.append(drafting_share(llm, prompts, plain))
+        return paying, slow, recovered
+
+    paying, slow, recovered = on_engine(tiny_models["target"], config, run)
+    print(f"drafting shares: paying {paying}, slow draft {slow}, recovered {recovered}")
+    assert min(paying) >= 0.6 and paying[-1] >= 0.75
+    assert max(slow) <= 0.3 and slow[-1] <= 0.1
+    assert recovered[-1] >= 0.5
 
 
 def test_steps_without_drafts_skip_the_draft_which_catches_up_when_drafting_resumes(
