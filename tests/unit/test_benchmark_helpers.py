@@ -74,3 +74,21 @@ def test_speed_cells_carry_the_machine_speed_their_runs_were_taken_at() -> None:
     assert cells["no_speculation"]["machine_gflops"] == 90.0
     assert cells["draft_model"]["machine_gflops"] is None
     assert machine_gflops(seconds=0.01, slices=2) > 0
+
+
+def test_a_fixed_draft_length_holds_the_choosers_table_and_gives_it_back() -> None:
+    """`benchmarks.draft_length_modes` runs fixed numbers of drafts in the engine whose
+    chooser it pauses: its table is held, its measurements stop, and both come back."""
+    from benchmarks.draft_length_modes import fixed_draft_length
+    from specextend_vllm.algorithm.draft_length import DraftLengthChooser
+
+    chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=4)
+    with fixed_draft_length(chooser, 2):
+        assert chooser.lookup == [2] * 5
+        chooser.record_step(1, 4, 4, 0.5, [1.0] * 4)
+        assert chooser.buckets[0].step_s[4].samples == 0
+    assert chooser.lookup == [4] * 5
+    chooser.record_step(1, 4, 4, 0.5, [1.0] * 4)
+    assert chooser.buckets[0].step_s[4].samples == 1
+    with fixed_draft_length(chooser, None):
+        assert chooser.lookup == [4] * 5
