@@ -57,17 +57,24 @@ def fixed_draft_length(chooser: Any, num_drafts: int | None) -> Iterator[None]:
 
 def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """The prompt's prefill and one decode in `auto`, then `args.rounds` rounds of every
-    mode; each decode's tokens/s, drafts per step and acceptance."""
+    mode; each decode's tokens/s, drafts per step, acceptance and draft steps on the
+    reduced cache (the rest drafted on the full one: `retrieval: auto` chooses as usual)."""
     chooser = draft_length_chooser(llm)
     [first], _ = engine.generate(llm, [prompt], args.max_tokens)
     decodes: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for round_index in range(args.rounds):
         modes = list(MODES) if round_index % 2 == 0 else list(reversed(MODES))
         for mode in modes:
+            retrieval_before = engine.retrieval_counters(llm)
             with fixed_draft_length(chooser, MODES[mode]):
                 [request], _ = engine.generate(llm, [prompt], args.max_tokens)
+            reduced_steps, _ = engine.reduced_steps_between(
+                retrieval_before, engine.retrieval_counters(llm)
+            )
             decodes[mode].append(
                 {
+                    "reduced_draft_steps": reduced_steps,
+                    "drafting_steps": sum(1 for drafts in request.drafted_per_step if drafts),
                     "round": round_index,
                     "decode_tokens_per_s": (len(request.tokens) - 1) / request.decode_s,
                     "drafted_per_step": request.drafted_per_step,
