@@ -257,7 +257,8 @@ class DraftLengthChooser:
         if bucket.measured(drafting_samples):
             preferred, length = bucket.prefers_drafting, bucket.length
             tokens = self._tokens_per_length()
-            win, explored_tokens_ratio = self._update_choice(bucket, tokens)
+            rates = {j: tokens[j] / bucket.step_seconds(j) for j in self.drafting_lengths}
+            win, explored_tokens_ratio = self._update_choice(bucket, tokens, rates)
             bucket.exploration.count_step(
                 bucket.prefers_drafting != preferred,
                 win,
@@ -269,7 +270,7 @@ class DraftLengthChooser:
                 and bucket.length < self.max_drafts
                 and not bucket.exploration.exploring
             ):
-                self._count_longer_exploration_step(bucket, bucket.length != length, tokens)
+                self._count_longer_exploration_step(bucket, bucket.length != length, tokens, rates)
         self._write_lookup(index, bucket.scheduled_length(drafting_samples))
 
     def draft_acceptance_rates(self) -> list[float]:
@@ -305,11 +306,12 @@ class DraftLengthChooser:
         acceptance = self.draft_acceptance_rates()
         return {j: chain_tokens(acceptance[:j]) for j in self.drafting_lengths}
 
-    def _update_choice(self, bucket: BucketState, tokens: dict[int, float]) -> tuple[float, float]:
-        """Updates the bucket's length; returns how many times faster drafting or not,
-        whichever is kept, measures than the other, and the other's tokens per step over
-        the kept one's."""
-        rates = {j: tokens[j] / bucket.step_seconds(j) for j in self.drafting_lengths}
+    def _update_choice(
+        self, bucket: BucketState, tokens: dict[int, float], rates: dict[int, float]
+    ) -> tuple[float, float]:
+        """Updates the bucket's length from each drafting length's tokens per step and per
+        second; returns how many times faster drafting or not, whichever is kept, measures
+        than the other, and the other's tokens per step over the kept one's."""
         best = max(rates, key=rates.__getitem__)
         kept = bucket.length
         if kept and keeps_preference(True, rates[kept], rates[best]):
@@ -324,12 +326,16 @@ class DraftLengthChooser:
         return plain_rate / drafting_rate, tokens[best]
 
     def _count_longer_exploration_step(
-        self, bucket: BucketState, length_changed: bool, tokens: dict[int, float]
+        self,
+        bucket: BucketState,
+        length_changed: bool,
+        tokens: dict[int, float],
+        rates: dict[int, float],
     ) -> None:
         kept, longer = bucket.length, bucket.length + 1
         bucket.longer_exploration.count_step(
             length_changed,
-            (tokens[kept] / bucket.step_seconds(kept)) / (tokens[longer] / bucket.step_seconds(longer)),
+            rates[kept] / rates[longer],
             LONGER_EXPLORATION_STEPS,
             tokens[longer] / tokens[kept],
         )
