@@ -4,6 +4,8 @@ method's test keys, random prompts, and what a run reports."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,3 +128,20 @@ def two_tensor_parallel_ranks(monkeypatch: Any) -> dict[str, Any]:
     for a NUMA node per rank)."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     return {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+
+
+def delay_calls(owner: Any, name: str, seconds: float) -> None:
+    """Makes `owner.name(...)` sleep `seconds` before each call (a slower kernel or model,
+    in a worker through `collective_rpc`); `undo_delay` takes it back."""
+    call = getattr(owner, name)
+
+    @functools.wraps(call)
+    def delayed_call(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return call(*args, **kwargs)
+
+    setattr(owner, name, delayed_call)
+
+
+def undo_delay(owner: Any, name: str) -> None:
+    setattr(owner, name, getattr(owner, name).__wrapped__)

@@ -5,7 +5,6 @@ number of draft tokens, and the method's own choice from measured step times
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,12 @@ from tests.harness import (
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
     decode,
+    delay_calls,
     generate_ids,
     on_engine,
     spec_decode_counts,
     specextend_config,
+    undo_delay,
 )
 from tests.tiny_models import save_tiny_model
 
@@ -140,21 +141,16 @@ SLOW_TARGET_S = 0.02
 SLOW_DRAFT_PASS_S = 0.06
 
 
+def model(worker: Any, drafter: bool) -> Any:
+    return worker.model_runner.drafter.model if drafter else worker.model_runner.model
+
+
 def slow_down(worker: Any, drafter: bool, seconds: float) -> None:
-    model = worker.model_runner.drafter.model if drafter else worker.model_runner.model
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def slow_forward(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(seconds)
-        return forward(*args, **kwargs)
-
-    model.forward = slow_forward
+    delay_calls(model(worker, drafter), "forward", seconds)
 
 
 def restore(worker: Any, drafter: bool) -> None:
-    model = worker.model_runner.drafter.model if drafter else worker.model_runner.model
-    model.forward = model.forward.__wrapped__
+    undo_delay(model(worker, drafter), "forward")
 
 
 def drafting_share(llm: Any, prompts: list[list[int]], plain: list[list[int]]) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,11 @@ from specextend_vllm import reconfigure, retrieval_stats, step_timings
 from tests.harness import (
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
+    delay_calls,
     generate_ids,
     make_llm,
     specextend_config,
+    undo_delay,
 )
 
 pytestmark = pytest.mark.engine
@@ -66,20 +67,11 @@ def first_layer_attention(worker: Any, way: str) -> tuple[Any, str]:
 
 
 def slow_down(worker: Any, way: str) -> None:
-    owner, name = first_layer_attention(worker, way)
-    call = getattr(owner, name)
-
-    @functools.wraps(call)
-    def slow_call(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(SLOWED_VERIFICATION_S)
-        return call(*args, **kwargs)
-
-    setattr(owner, name, slow_call)
+    delay_calls(*first_layer_attention(worker, way), SLOWED_VERIFICATION_S)
 
 
 def restore(worker: Any, way: str) -> None:
-    owner, name = first_layer_attention(worker, way)
-    setattr(owner, name, getattr(owner, name).__wrapped__)
+    undo_delay(*first_layer_attention(worker, way))
 
 
 @pytest.mark.parametrize("slow_way", ["hybrid", "native"])
