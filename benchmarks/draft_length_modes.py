@@ -87,7 +87,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
 
 def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per mode: the median tokens/s of its decodes, their range, and the median over
-    plain's and over the fastest fixed mode's."""
+    plain's and over the fastest mode's other than `auto`."""
     medians = {
         mode: statistics.median(d["decode_tokens_per_s"] for d in decodes)
         for mode, decodes in results["decodes"].items()
