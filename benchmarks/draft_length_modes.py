@@ -55,12 +55,29 @@ def fixed_draft_length(chooser: Any, num_drafts: int | None) -> Iterator[None]:
         chooser.lookup[:] = kept
 
 
+def chooser_state(chooser: Any) -> dict[str, Any]:
+    """What the chooser holds: for a request alone, the length it keeps (0: no drafts),
+    each measured length's step time (the median of its recent steps, ms) and number of
+    measured steps; for all batch sizes, each draft's acceptance among the requests that
+    accepted those before it."""
+    bucket = chooser.buckets[0]
+    measured = {j: times for j, times in enumerate(bucket.step_s) if times.samples}
+    return {
+        "kept_length": bucket.length,
+        "step_ms": {j: 1000 * times.value for j, times in measured.items()},
+        "measured_steps": {j: times.samples for j, times in measured.items()},
+        "draft_acceptance": chooser.draft_acceptance_rates(),
+    }
+
+
 def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """The prompt's prefill and one decode in `auto`, then `args.rounds` rounds of every
-    mode; each decode's tokens/s, drafts per step, acceptance and draft steps on the
-    reduced cache (the rest drafted on the full one: `retrieval: auto` chooses as usual)."""
+    mode; each decode's tokens/s, drafts and accepted drafts per step, draft steps on the
+    reduced cache (the rest drafted on the full one: `retrieval: auto` chooses as usual)
+    and the chooser's state after it."""
     chooser = draft_length_chooser(llm)
     [first], _ = engine.generate(llm, [prompt], args.max_tokens)
+    first_state = chooser_state(chooser)
     decodes: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for round_index in range(args.rounds):
         modes = list(MODES) if round_index % 2 == 0 else list(reversed(MODES))
@@ -78,11 +95,20 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                     "round": round_index,
                     "decode_tokens_per_s": (len(request.tokens) - 1) / request.decode_s,
                     "drafted_per_step": request.drafted_per_step,
+                    "accepted_per_step": request.accepted_per_step,
                     "mean_acceptance_length": request.mean_acceptance_length,
                     "same_output_as_first": request.tokens == first.tokens,
+                    "chooser_after": chooser_state(chooser),
                 }
             )
-    return {"first_decode_s": first.decode_s, "ttft_s": first.ttft_s, "decodes": decodes}
+    return {
+        "first_decode_s": first.decode_s,
+        "ttft_s": first.ttft_s,
+        "first_drafted_per_step": first.drafted_per_step,
+        "first_accepted_per_step": first.accepted_per_step,
+        "chooser_after_first": first_state,
+        "decodes": decodes,
+    }
 
 
 def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -29,6 +29,7 @@ declare -A commands=(
   [draft_length_modes_amd_8k_compiled]="${python} -m benchmarks.draft_length_modes --compiled --output draft_length_modes_amd_8k_compiled"
   [draft_length_modes_amd_8k_fiction_code]="${python} -m benchmarks.draft_length_modes --compiled --genres fiction code --output draft_length_modes_amd_8k_fiction_code"
   [draft_length_modes_amd_8k_code_fiction]="${python} -m benchmarks.draft_length_modes --compiled --genres code fiction --output draft_length_modes_amd_8k_code_fiction"
+  [draft_length_modes_amd_8k_code_fiction_again]="${python} -m benchmarks.draft_length_modes --compiled --genres code fiction --output draft_length_modes_amd_8k_code_fiction_again"
   [draft_cost]="${python} -m benchmarks.draft_cost"
   [draft_cost_avx2]="${python} -m benchmarks.draft_cost --lengths 1024 4096 --models 'target fp32 (1.5B)' 'draft fp32 (0.5B)' 'draft int8 (0.5B)' --output draft_cost_avx2"
   [lossless]="VLLM_CPU_KVCACHE_SPACE=5 ${python} -m benchmarks.lossless"

@@ -92,3 +92,20 @@ def test_a_fixed_draft_length_holds_the_choosers_table_and_gives_it_back() -> No
     assert chooser.buckets[0].step_s[4].samples == 1
     with fixed_draft_length(chooser, None):
         assert chooser.lookup == [4] * 5
+
+
+def test_the_choosers_state_is_what_it_holds_for_a_request_alone() -> None:
+    """`benchmarks.draft_length_modes` saves the chooser's state after each decode: the
+    kept length and the measured lengths' step times of a request alone (not those of
+    batches of 4), and each draft's acceptance."""
+    from benchmarks.draft_length_modes import chooser_state
+    from specextend_vllm.algorithm.draft_length import DraftLengthChooser
+
+    chooser = DraftLengthChooser(num_speculative_tokens=2, max_batch_size=4)
+    for _ in range(8):
+        chooser.record_step(1, 2, 2, 0.5, [1.0, 0.5])
+        chooser.record_step(4, 2, 2, 0.9)
+    state = chooser_state(chooser)
+    assert state["kept_length"] == 2
+    assert state["step_ms"] == {2: 500.0} and state["measured_steps"] == {2: 8}
+    assert state["draft_acceptance"] == [1.0, 0.5]
