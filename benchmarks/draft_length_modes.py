@@ -118,7 +118,7 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
         mode: statistics.median(d["decode_tokens_per_s"] for d in decodes)
         for mode, decodes in results["decodes"].items()
     }
-    fastest_fixed = max(v for mode, v in medians.items() if mode != "auto")
+    fastest_other = max(v for mode, v in medians.items() if mode != "auto")
     rows = {}
     for mode, decodes in results["decodes"].items():
         rates = [d["decode_tokens_per_s"] for d in decodes]
@@ -127,7 +127,7 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
             "min": min(rates),
             "max": max(rates),
             "vs_plain": medians[mode] / medians["plain"],
-            "vs_fastest_other": medians[mode] / fastest_fixed,
+            "vs_fastest_other": medians[mode] / fastest_other,
         }
     return rows
 
