@@ -64,6 +64,9 @@ class SpecExtendCounts:
     """Draft passes writing the KV of tokens those steps skipped, before the draft ran again."""
     catch_up_tokens: int = 0
     """Tokens those passes wrote."""
+    copied_prompt_tokens: int = 0
+    """Prompt tokens of blocks vLLM computed again (a prompt its prefix cache held whole)
+    whose draft KV was copied from the cached blocks holding the same tokens."""
     windowed_prompt_tokens: int = 0
     """Tokens of the draft's passes over prompts (and catch-up passes) that attended to
     the sink block and `draft_prefill_window`, not to everything before them."""
@@ -96,6 +99,7 @@ class SpecExtendCounts:
             "skipped_draft_steps": self.skipped_draft_steps,
             "catch_up_passes": self.catch_up_passes,
             "catch_up_tokens": self.catch_up_tokens,
+            "copied_prompt_tokens": self.copied_prompt_tokens,
             "windowed_prompt_tokens": self.windowed_prompt_tokens,
         }
 
@@ -167,6 +171,9 @@ class RetrievalMetrics:
     def record_catch_up(self, num_tokens: int) -> None:
         self._new.catch_up_passes += 1
         self._new.catch_up_tokens += num_tokens
+
+    def record_copied_prompt_tokens(self, num_tokens: int) -> None:
+        self._new.copied_prompt_tokens += num_tokens
 
     def record_hybrid_verification(self) -> None:
         self._new.hybrid_verifications += 1

@@ -81,6 +81,10 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:specextend_catch_up_tokens",
         "Tokens written by the draft's catch-up passes.",
     ),
+    "copied_prompt_tokens": (
+        "vllm:specextend_copied_prompt_tokens",
+        "Prompt tokens computed again whose draft KV was copied from cached blocks.",
+    ),
     "windowed_prompt_tokens": (
         "vllm:specextend_windowed_prompt_tokens",
         "Tokens whose draft pass over the prompt attended through draft_prefill_window.",
@@ -127,7 +131,8 @@ class SpecExtendLogging:
                 "(compact positions: %d), Full draft steps: %d, Mean kept tokens: %.1f of "
                 "%.1f context tokens, Scorer: %d calls, %.3f s, Verifications: %d hybrid, %d native, "
                 "Accepted drafts: %d of %d on reduced caches, %d of %d on full caches, "
-                "Skipped draft steps: %d, Catch-up: %d passes, %d tokens, Windowed prompt tokens: %d",
+                "Skipped draft steps: %d, Catch-up: %d passes, %d tokens, Copied prompt tokens: %d, "
+                "Windowed prompt tokens: %d",
                 engine_idx,
                 counts.retrievals,
                 counts.reduced_draft_steps,
@@ -146,6 +151,7 @@ class SpecExtendLogging:
                 counts.skipped_draft_steps,
                 counts.catch_up_passes,
                 counts.catch_up_tokens,
+                counts.copied_prompt_tokens,
                 counts.windowed_prompt_tokens,
             )
         self._since_last_log.clear()

@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from specextend_vllm.algorithm.block_twins import BlockTwins, twin_copies
 from specextend_vllm.algorithm.draft_lag import CatchUp, DraftLag, StepTokens
 from specextend_vllm.algorithm.draft_vocab import scatter_kept_logits
+from specextend_vllm.algorithm.kv_cache_layout import copy_blocks
 from specextend_vllm.algorithm.prefill_window import SINK_BLOCKS, windowed_rows
 from specextend_vllm.algorithm.positions import DraftRotation, WorkingCopies
 from specextend_vllm.config import KEYS_FIXED_AT_LOAD, METHOD_NAME, SpecExtendConfig
@@ -70,6 +72,8 @@ class SpecExtendProposer(DraftModelProposer):
         self.trained_length = draft_trained_length(vllm_config.speculative_config)
         self.max_drafts = vllm_config.speculative_config.num_speculative_tokens
         self.draft_lag: DraftLag | None = None
+        self._block_twins: Mapping[str, BlockTwins] = {}
+        self._kernel_blocks_per_block = 1
         self.planner: RetrievalPlanner | None = None
         self.tree_session: TreeSession | None = None
         self.verification: VerificationRouting | None = None
@@ -191,6 +195,7 @@ class SpecExtendProposer(DraftModelProposer):
         self.verification.route(config)
         reserved = working_copy_manager_blocks(self.vllm_config, kv_cache_config)
         kernel_blocks_per_manager_block = manager_block_size(kv_cache_config) // self.block_size
+        self._kernel_blocks_per_block = kernel_blocks_per_manager_block
         self._working_copy_region = (
             (kv_cache_config.num_blocks - reserved) * kernel_blocks_per_manager_block,
             reserved * kernel_blocks_per_manager_block,
@@ -268,6 +273,11 @@ class SpecExtendProposer(DraftModelProposer):
         if self.draft_lag is not None:
             self.draft_lag.on_requests_changed(list(finished), list(restarted))
 
+    def note_block_twins(self, twins: Mapping[str, BlockTwins]) -> None:
+        """The cached twins the scheduler found of the blocks this step's requests compute
+        (`algorithm.block_twins`)."""
+        self._block_twins = twins
+
     # A draft step.
 
     def propose(
@@ -337,17 +347,19 @@ class SpecExtendProposer(DraftModelProposer):
         metadata: Any,
     ) -> bool:
         """Whether the step skips the draft: where it drafts nothing and no request
-        prefills, or, with `draft_prefill: deferred`, where every request prefills. A step
-        that runs it first writes the draft's KV of the tokens its requests missed."""
+        prefills; with `draft_prefill: deferred`, where every request prefills; and where
+        every request computes blocks whose cached twins' draft KV it copies. A step that
+        runs it first writes the draft's KV of the tokens its requests missed."""
         num_reqs = metadata.num_reqs
         query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
         prefilling = self._writes_prompt_kv(query_lens)
         skips = (num_speculative_tokens == 0 and not bool(prefilling.any())) or (
             self.method_config.draft_prefill == "deferred" and bool(prefilling.all())
         )
+        twins, self._block_twins = self._block_twins, {}
         draft_lag = self.draft_lag
         assert draft_lag is not None
-        if not skips and not draft_lag.may_lag:
+        if not skips and not twins and not draft_lag.may_lag:
             return False
         step = StepTokens(
             first_positions=target_positions[metadata.query_start_loc[:num_reqs].long()]
@@ -356,6 +368,20 @@ class SpecExtendProposer(DraftModelProposer):
             query_lens=query_lens,
             block_table=metadata.block_table_tensor[:num_reqs].cpu().numpy(),
         )
+        copies = None
+        if twins:
+            copies = twin_copies(
+                batch_request_ids,
+                twins,
+                step,
+                self.block_size * self._kernel_blocks_per_block,
+                self._kernel_blocks_per_block,
+            )
+        if copies is not None:
+            self._copy_draft_blocks(*copies)
+            draft_lag.copied(batch_request_ids, step, *copies)
+            self.metrics.record_copied_prompt_tokens(int(query_lens.sum()))
+            return True
         if skips:
             draft_lag.skipped(batch_request_ids, step)
             return True
@@ -364,6 +390,12 @@ class SpecExtendProposer(DraftModelProposer):
             for piece in catch_up.pieces(self.max_num_tokens):
                 self._catch_up(piece, metadata.block_table_tensor)
         return False
+
+    def _copy_draft_blocks(self, sources: np.ndarray, destinations: np.ndarray) -> None:
+        source_blocks = torch.from_numpy(sources).to(self.device)
+        destination_blocks = torch.from_numpy(destinations).to(self.device)
+        for layer in self._draft_layers:
+            copy_blocks(layers.raw_kv_cache(layer), source_blocks, destination_blocks)
 
     def _catch_up(self, catch_up: CatchUp, block_table: torch.Tensor) -> None:
         """Writes the draft's KV of the tokens the lagging requests missed, attending to

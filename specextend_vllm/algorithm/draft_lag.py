@@ -153,6 +153,33 @@ class DraftLag:
             return None
         return CatchUp(rows, starts[rows], step.first_positions[rows] - starts[rows])
 
+    def copied(
+        self,
+        request_ids: list[str],
+        step: StepTokens,
+        sources: np.ndarray,
+        destinations: np.ndarray,
+    ) -> None:
+        """A step that did not run the draft and copied its tokens' draft KV, block by block,
+        from blocks holding the same tokens (`algorithm.block_twins`): a destination lacks
+        what its source lacked, and a request new to the step lacks what its blocks lack,
+        the copied ones included.
+
+        >>> lag = DraftLag(max_requests=2, num_blocks=8, block_size=4)
+        >>> lag.missing_blocks[1] = True  # a cached block the draft skipped
+        >>> step = StepTokens(np.array([8]), np.array([4]), np.array([[0, 1, 5]]))
+        >>> lag.copied(["b"], step, sources=np.array([1]), destinations=np.array([5]))
+        >>> np.nonzero(lag.missing_blocks)[0], lag.first_missing[:1]
+        (array([1, 5]), array([4]))
+        """
+        self.missing_blocks[destinations] = self.missing_blocks[sources]
+        slots, new_slots = self._slots(request_ids)
+        self._starts_of_new_requests(
+            slots,
+            new_slots,
+            dataclasses.replace(step, first_positions=step.first_positions + step.query_lens),
+        )
+
     def _slots(self, request_ids: list[str]) -> tuple[np.ndarray, list[int]]:
         slots, new_slots = self._request_slots.assign(request_ids)
         self.first_missing[new_slots] = NOT_LAGGING

@@ -80,3 +80,17 @@ def value_cache_view(raw_cache: torch.Tensor) -> torch.Tensor:
     if is_flash_attn_layout(raw_cache):
         return raw_cache[1]
     return cpu_vec_value_cache_view(raw_cache)
+
+
+def copy_blocks(raw_cache: torch.Tensor, sources: torch.Tensor, destinations: torch.Tensor) -> None:
+    """Block destinations[i] of either layout gets block sources[i]'s keys and values.
+
+    >>> raw = torch.arange(3 * 1 * 2 * 4.0).view(3, 1, 2, 4)  # CPU layout, 3 blocks
+    >>> copy_blocks(raw, torch.tensor([0]), torch.tensor([2]))
+    >>> torch.equal(raw[2], raw[0])
+    True
+    """
+    if is_flash_attn_layout(raw_cache):
+        raw_cache[:, destinations] = raw_cache[:, sources]
+    else:
+        raw_cache[destinations] = raw_cache[sources]

@@ -59,7 +59,8 @@ class ProposerOverrides(VllmOverrides):
 
 class RequestLifecycle(VllmPatch):
     """Frees a request's retrieval state when it finishes or is aborted, and resets it
-    when it resumes after preemption."""
+    when it resumes after preemption; hands the proposer the cached twins of the blocks
+    the step computes again."""
 
     target = gpu_model_runner.GPUModelRunner
     attribute = "_update_states"
@@ -72,6 +73,9 @@ class RequestLifecycle(VllmPatch):
             on_requests_changed(
                 scheduler_output.finished_req_ids,
                 scheduler_output.scheduled_cached_reqs.resumed_req_ids,
+            )
+            drafter.note_block_twins(
+                getattr(scheduler_output, "specextend_block_twins", None) or {}
             )
         return RequestLifecycle.original(self, scheduler_output)
 

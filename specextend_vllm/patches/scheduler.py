@@ -13,10 +13,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import ModelRunnerOutput
 
+from specextend_vllm.algorithm.block_twins import BlockTwins
 from specextend_vllm.algorithm.draft_length import DraftLengthChooser
-from specextend_vllm.patches.base import VllmPatch
+from specextend_vllm.patches.base import VllmDataclassField, VllmPatch
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import specextend_config, working_copy_manager_blocks
+from specextend_vllm.vllm_access.prefix_cache import recomputed_block_twins
 
 
 class SchedulerLeavesWorkingCopyBlocks(VllmPatch):
@@ -81,10 +83,20 @@ MAX_STEPS_IN_FLIGHT = 8
 _STEP_STARTS = "_specextend_step_starts"
 
 
-class SchedulerChoosesDraftLength(VllmPatch):
+class SchedulerOutputCarriesBlockTwins(VllmDataclassField):
+    """The cached twins of the blocks a step computes again, from the scheduler to the
+    workers (`algorithm.block_twins`)."""
+
+    target = SchedulerOutput
+    attribute = "specextend_block_twins"
+    field_type = dict[str, BlockTwins] | None
+
+
+class SchedulerPreparesDrafting(VllmPatch):
     """With `drafting: auto` the scheduler reads the number of draft tokens for the next
     step from the chooser's table, as it would read a `num_speculative_tokens_per_batch_size`
-    schedule, and notes when each step was scheduled."""
+    schedule, and notes when each step was scheduled; with the method, it finds the cached
+    twins of the blocks the step computes again."""
 
     target = Scheduler
     attribute = "schedule"
@@ -94,12 +106,16 @@ class SchedulerChoosesDraftLength(VllmPatch):
         chooser = draft_length_chooser(self)
         if chooser is not None:
             self.dynamic_sd_lookup = chooser.lookup
-        scheduler_output = SchedulerChoosesDraftLength.original(self, *args, **kwargs)
+        scheduler_output = SchedulerPreparesDrafting.original(self, *args, **kwargs)
         if chooser is not None:
             starts = getattr(self, _STEP_STARTS)
             if len(starts) >= MAX_STEPS_IN_FLIGHT:
                 starts.clear()
             starts[id(scheduler_output)] = time.perf_counter()
+        if specextend_config(self.vllm_config) is not None:
+            scheduler_output.specextend_block_twins = (
+                recomputed_block_twins(self, scheduler_output) or None
+            )
         return scheduler_output
 
 

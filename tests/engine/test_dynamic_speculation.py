@@ -18,6 +18,7 @@ from tests.harness import (
     delay_calls,
     generate_ids,
     on_engine,
+    random_prompts,
     spec_decode_counts,
     specextend_config,
     undo_delay,
@@ -317,6 +318,40 @@ def test_a_prefix_cached_prompt_whose_draft_kv_was_never_written_is_caught_up(
     assert outputs == decode(tiny_models["target"], prompt, LONG_OUTPUT_TOKENS).outputs
     assert stats["catch_up_tokens"] >= len(prompt[0]) - BLOCK_SIZE
     assert counts["num_accepted_tokens"] >= 0.9 * counts["num_draft_tokens"]
+
+
+def test_a_prompt_cached_whole_copies_the_draft_kv_of_the_block_vllm_computes_again(
+    tiny_models: dict[str, Path],
+) -> None:
+    """A prompt of 8 whole blocks, decoded twice: the second time vLLM's prefix cache holds
+    it whole and vLLM computes its last block again, into a new block. That step does not
+    run the draft and copies the draft's KV of the block from the cached one; the target
+    being its own draft, every later draft is accepted, with no catch-up pass. Injected:
+    the copy left out (the bug this test catches), 41 of 66 drafts were accepted; with
+    it, 48 of 48."""
+    from specextend_vllm import retrieval_stats
+
+    [prompt] = random_prompts([8 * BLOCK_SIZE], seed=3)
+    config = specextend_config(tiny_models["target"], policy="full")
+
+    def run(llm: Any) -> tuple[list[list[int]], list[dict[str, Any]], list[dict[str, float]]]:
+        stats, counts = [], []
+        for max_tokens in (MAX_TOKENS, LONG_OUTPUT_TOKENS):
+            outputs = generate_ids(llm, [prompt], max_tokens)
+            stats.append(retrieval_stats(llm)[0])
+            counts.append(spec_decode_counts(llm))
+        return outputs, stats, counts
+
+    outputs, (first_stats, stats), (first_counts, counts) = on_engine(
+        tiny_models["target"], config, run
+    )
+    assert outputs == decode(tiny_models["target"], [prompt], LONG_OUTPUT_TOKENS).outputs
+    assert first_stats["copied_prompt_tokens"] == 0
+    assert stats["copied_prompt_tokens"] == BLOCK_SIZE
+    assert stats["catch_up_passes"] == first_stats["catch_up_passes"] == 0
+    drafted = counts["num_draft_tokens"] - first_counts["num_draft_tokens"]
+    accepted = counts["num_accepted_tokens"] - first_counts["num_accepted_tokens"]
+    assert drafted >= NUM_SPECULATIVE_TOKENS * 8 and accepted >= 0.9 * drafted
 
 
 def test_trees_skip_the_draft_where_auto_stops_drafting_and_catch_up_losslessly(

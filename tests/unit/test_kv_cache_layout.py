@@ -1,5 +1,5 @@
 """Every helper that depends on the KV cache layout, on CPU tensors in vLLM's CPU layout
-and in FlashAttention's GPU layout: key and value views, and working copies."""
+and in FlashAttention's GPU layout: key and value views, block copies, and working copies."""
 
 from __future__ import annotations
 
@@ -53,6 +53,22 @@ def test_key_view_reads_each_requests_keys_through_its_block_table(layout: str) 
         positions = torch.arange(dense.shape[0])
         blocks = batch.block_table[request, positions // BLOCK_SIZE].long()
         torch.testing.assert_close(keys[blocks, positions % BLOCK_SIZE], dense)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_copied_blocks_hold_their_sources_keys_and_values_and_no_other_block_changes(
+    layout: str,
+) -> None:
+    batch = make_paged_batch([40, 17], 4, 2, BLOCK_SIZE, layout)
+    raw = batch.raw_cache
+    before = raw.clone()
+    sources, destinations = torch.tensor([0, 2]), torch.tensor([3, 1])
+    kv_cache_layout.copy_blocks(raw, sources, destinations)
+    for view in (kv_cache_layout.key_cache_view, kv_cache_layout.value_cache_view):
+        torch.testing.assert_close(view(raw)[destinations], view(before)[sources])
+        untouched = torch.ones(view(raw).shape[0], dtype=torch.bool)
+        untouched[destinations] = False
+        torch.testing.assert_close(view(raw)[untouched], view(before)[untouched])
 
 
 @pytest.mark.parametrize("compact", [False, True])

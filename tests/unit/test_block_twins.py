@@ -1,0 +1,39 @@
+"""Which steps copy the draft's KV of the blocks they compute from cached twins: only
+those whose every request computes whole blocks that all have twins, none written by the
+step, in kernel blocks where the scheduler's blocks hold several."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specextend_vllm.algorithm.block_twins import BlockTwins, twin_copies
+from specextend_vllm.algorithm.draft_lag import StepTokens
+
+# Scheduler blocks of 8 tokens, each two kernel blocks of 4.
+BLOCK_SIZE, KERNEL_BLOCKS_PER_BLOCK = 8, 2
+# Request a: scheduler blocks 1 and 3 (kernel blocks 2-3, 6-7); b: 4 and 5 (8-9, 10-11).
+TABLE = np.array([[2, 3, 6, 7], [8, 9, 10, 11]])
+
+
+def test_the_kernel_blocks_of_each_twin_are_copied_in_order() -> None:
+    step = StepTokens(np.array([8, 0]), np.array([8, 16]), TABLE)
+    twins = {"a": BlockTwins((3,), (0,)), "b": BlockTwins((4, 5), (12, 13))}
+    copies = twin_copies(["a", "b"], twins, step, BLOCK_SIZE, KERNEL_BLOCKS_PER_BLOCK)
+    assert copies is not None
+    sources, destinations = copies
+    assert sources.tolist() == [0, 1, 24, 25, 26, 27]
+    assert destinations.tolist() == [6, 7, 8, 9, 10, 11]
+
+
+def test_a_step_that_also_computes_tokens_without_twins_copies_nothing() -> None:
+    twins = {"a": BlockTwins((3,), (0,))}
+    ends_past_the_block = StepTokens(np.array([8]), np.array([9]), TABLE[:1])
+    starts_inside_the_block = StepTokens(np.array([12]), np.array([4]), TABLE[:1])
+    for step in (ends_past_the_block, starts_inside_the_block):
+        assert twin_copies(["a"], twins, step, BLOCK_SIZE, KERNEL_BLOCKS_PER_BLOCK) is None
+
+
+def test_twins_that_are_not_the_blocks_the_step_computes_copy_nothing() -> None:
+    step = StepTokens(np.array([8]), np.array([8]), TABLE[:1])
+    stale = {"a": BlockTwins((1,), (0,))}  # the scheduler's twins of another step
+    assert twin_copies(["a"], stale, step, BLOCK_SIZE, KERNEL_BLOCKS_PER_BLOCK) is None
