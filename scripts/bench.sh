@@ -89,12 +89,13 @@ declare -A commands=(
   [serving_int8_compiled_small_batch_again]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation specextend --output serving_int8_compiled_small_batch_again"
   [serving_int8_compiled_tcmalloc]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation specextend --output serving_int8_compiled_tcmalloc"
   [serving_int8_compiled_ops]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation specextend --output serving_int8_compiled_ops"
+  [serving_int8_compiled_twins]="${python} -m benchmarks.serving --draft-precision int8 --compiled --methods no_speculation specextend --output serving_int8_compiled_twins"
 )
 order=(
   demo demo_amx_lengths demo_amx_int8_head demo_amx_margin demo_amx_small_batch_int8 demo_amx_small_batch_int8_again demo_amx_tcmalloc demo_amx_512 demo_amx_ops demo_amd_eager demo_amd_compiled demo_amd_compiled_repeats demo_amd_compiled_query_copy draft_cost draft_cost_avx2 method_cost prefill_cost prefill_cost_system_malloc prefill_window prefill_window_16k draft_int8_kernel lossless long_inputs_speed long_inputs_speed_defaults long_inputs_speed_amx_lengths long_inputs_speed_amx_short long_inputs_speed_amx_1k_margin long_inputs_speed_amx_16k_compiled long_inputs_speed_amx_16k_code_again long_inputs_speed_amx_8k_more long_inputs_speed_amx_8k_tcmalloc long_inputs_speed_amx_8k_window long_inputs_speed_amx_8k_512 long_inputs_speed_amx_8k_continuation long_inputs_speed_amd_8k_compiled long_inputs_speed_amd_8k_compiled_noise long_inputs_speed_amd_8k_compiled_lengths long_inputs_speed_amx_4k_fp32 long_inputs_speed_avx2_lengths long_inputs_tiny_draft long_inputs_tiny_draft_hybrid
   long_inputs_needle long_inputs_needle_chunk32 long_inputs_needle_window long_inputs_needle_whole_prefill long_inputs_batch long_inputs_draft_step
   long_inputs_verification long_inputs_verification_int8_ops long_inputs_trees long_inputs_trees_8k long_inputs_trees_8k_int8 long_inputs_trees_8k_int8_512 retrieval_accuracy retrieval_accuracy_8k_continuation
-  scorer_cpu prefix_attention_cpu prefix_attention_cpu_512 prefix_attention_cpu_layers tree_attention_cpu draft_vocab_logits int8_linear_cpu working_copies_cpu serving serving_int8 serving_int8_lengths serving_int8_compiled serving_int8_compiled_choices serving_int8_compiled_small_batch serving_int8_compiled_small_batch_again serving_int8_compiled_tcmalloc serving_int8_compiled_ops
+  scorer_cpu prefix_attention_cpu prefix_attention_cpu_512 prefix_attention_cpu_layers tree_attention_cpu draft_vocab_logits int8_linear_cpu working_copies_cpu serving serving_int8 serving_int8_lengths serving_int8_compiled serving_int8_compiled_choices serving_int8_compiled_small_batch serving_int8_compiled_small_batch_again serving_int8_compiled_tcmalloc serving_int8_compiled_ops serving_int8_compiled_twins
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=("${order[@]}")
