@@ -56,6 +56,7 @@ from specextend_vllm.vllm_access.rotary import extend_draft_rotary_table, rotary
 from specextend_vllm.vllm_access.runner import (
     DraftModelProposer,
     extension_attention_metadata,
+    keep_tokens,
     request_ids,
     set_forward_context,
     split_attention_rows,
@@ -295,6 +296,21 @@ class SpecExtendProposer(DraftModelProposer):
         planner = self.planner
         num_reqs = common_attn_metadata.num_reqs
         batch_request_ids = request_ids(self.runner, num_reqs)
+        kept = self._copies_twin_blocks(batch_request_ids, target_positions, common_attn_metadata)
+        if kept is not None:
+            kept_tokens, kept_start_loc = kept
+            query_start_loc = common_attn_metadata.query_start_loc_cpu[: num_reqs + 1].numpy()
+            left_out = np.cumsum(np.diff(query_start_loc) - np.diff(kept_start_loc))
+            common_attn_metadata = keep_tokens(common_attn_metadata, kept_tokens, kept_start_loc)
+            device_kept_tokens = torch.from_numpy(kept_tokens).to(self.device)
+            target_token_ids = target_token_ids[device_kept_tokens]
+            target_positions = target_positions[..., device_kept_tokens]
+            target_hidden_states = target_hidden_states[device_kept_tokens]
+            if token_indices_to_sample is not None:
+                token_indices_to_sample = token_indices_to_sample.clone()
+                token_indices_to_sample[:num_reqs] -= torch.from_numpy(left_out).to(
+                    token_indices_to_sample
+                )
         if self._skips_draft_or_catches_up(
             batch_request_ids, num_speculative_tokens, target_positions, common_attn_metadata
         ):
@@ -347,41 +363,19 @@ class SpecExtendProposer(DraftModelProposer):
         metadata: Any,
     ) -> bool:
         """Whether the step skips the draft: where it drafts nothing and no request
-        prefills; with `draft_prefill: deferred`, where every request prefills; and where
-        every request computes blocks whose cached twins' draft KV it copies. A step that
-        runs it first writes the draft's KV of the tokens its requests missed."""
+        prefills, or, with `draft_prefill: deferred`, where every request prefills. A step
+        that runs it first writes the draft's KV of the tokens its requests missed."""
         num_reqs = metadata.num_reqs
         query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
         prefilling = self._writes_prompt_kv(query_lens)
         skips = (num_speculative_tokens == 0 and not bool(prefilling.any())) or (
             self.method_config.draft_prefill == "deferred" and bool(prefilling.all())
         )
-        twins, self._block_twins = self._block_twins, {}
         draft_lag = self.draft_lag
         assert draft_lag is not None
-        if not skips and not twins and not draft_lag.may_lag:
+        if not skips and not draft_lag.may_lag:
             return False
-        step = StepTokens(
-            first_positions=target_positions[metadata.query_start_loc[:num_reqs].long()]
-            .cpu()
-            .numpy(),
-            query_lens=query_lens,
-            block_table=metadata.block_table_tensor[:num_reqs].cpu().numpy(),
-        )
-        copies = None
-        if twins:
-            copies = twin_copies(
-                batch_request_ids,
-                twins,
-                step,
-                self.block_size * self._kernel_blocks_per_block,
-                self._kernel_blocks_per_block,
-            )
-        if copies is not None:
-            self._copy_draft_blocks(*copies)
-            draft_lag.copied(batch_request_ids, step, *copies)
-            self.metrics.record_copied_prompt_tokens(int(query_lens.sum()))
-            return True
+        step = self._step_tokens(target_positions, metadata)
         if skips:
             draft_lag.skipped(batch_request_ids, step)
             return True
@@ -391,11 +385,51 @@ class SpecExtendProposer(DraftModelProposer):
                 self._catch_up(piece, metadata.block_table_tensor)
         return False
 
-    def _copy_draft_blocks(self, sources: np.ndarray, destinations: np.ndarray) -> None:
-        source_blocks = torch.from_numpy(sources).to(self.device)
-        destination_blocks = torch.from_numpy(destinations).to(self.device)
+    def _step_tokens(self, target_positions: torch.Tensor, metadata: Any) -> StepTokens:
+        num_reqs = metadata.num_reqs
+        return StepTokens(
+            first_positions=target_positions[metadata.query_start_loc[:num_reqs].long()]
+            .cpu()
+            .numpy(),
+            query_lens=np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy()),
+            block_table=metadata.block_table_tensor[:num_reqs].cpu().numpy(),
+        )
+
+    def _copies_twin_blocks(
+        self, batch_request_ids: list[str], target_positions: torch.Tensor, metadata: Any
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Copies the draft's KV of the blocks this step computes again from their cached
+        twins (`algorithm.block_twins`): the tokens the draft's pass keeps [T'] and its
+        rows' query_start_loc [R + 1] over them; None where nothing is copied."""
+        twins, self._block_twins = self._block_twins, {}
+        if not twins:
+            return None
+        step = self._step_tokens(target_positions, metadata)
+        copies = twin_copies(
+            batch_request_ids,
+            twins,
+            step,
+            self.block_size * self._kernel_blocks_per_block,
+            self._kernel_blocks_per_block,
+        )
+        if copies is None:
+            return None
+        source_blocks = torch.from_numpy(copies.sources).to(self.device)
+        destination_blocks = torch.from_numpy(copies.destinations).to(self.device)
         for layer in self._draft_layers:
             copy_blocks(layers.raw_kv_cache(layer), source_blocks, destination_blocks)
+        rows = np.nonzero(copies.rows)[0]
+        assert self.draft_lag is not None
+        self.draft_lag.copied(
+            [batch_request_ids[row] for row in rows],
+            step.select(rows),
+            copies.sources,
+            copies.destinations,
+        )
+        query_start_loc = metadata.query_start_loc_cpu[: metadata.num_reqs + 1].numpy()
+        kept_tokens, kept_start_loc = copies.kept_tokens(query_start_loc)
+        self.metrics.record_copied_prompt_tokens(int(query_start_loc[-1] - kept_start_loc[-1]))
+        return kept_tokens, kept_start_loc
 
     def _catch_up(self, catch_up: CatchUp, block_table: torch.Tensor) -> None:
         """Writes the draft's KV of the tokens the lagging requests missed, attending to

@@ -77,6 +77,10 @@ class StepTokens:
     query_lens: np.ndarray
     block_table: np.ndarray
 
+    def select(self, rows: np.ndarray) -> StepTokens:
+        """The step's tokens of these rows only."""
+        return StepTokens(self.first_positions[rows], self.query_lens[rows], self.block_table[rows])
+
     def block_spans(self, starts: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
         """The blocks holding positions starts[r] to the step's last token of each request:
         (the block ids, their rows' indices), every span flattened.
@@ -160,10 +164,10 @@ class DraftLag:
         sources: np.ndarray,
         destinations: np.ndarray,
     ) -> None:
-        """A step that did not run the draft and copied its tokens' draft KV, block by block,
-        from blocks holding the same tokens (`algorithm.block_twins`): a destination lacks
-        what its source lacked, and a request new to the step lacks what its blocks lack,
-        the copied ones included.
+        """Requests whose step's tokens had their draft KV copied, block by block, from
+        blocks holding the same tokens (`algorithm.block_twins`): a destination lacks what
+        its source lacked, and a request new to the step lacks what its blocks lack, the
+        copied ones included.
 
         >>> lag = DraftLag(max_requests=2, num_blocks=8, block_size=4)
         >>> lag.missing_blocks[1] = True  # a cached block the draft skipped

@@ -14,15 +14,13 @@ from specextend_vllm.vllm_access.config import manager_block_size
 def recomputed_block_twins(
     scheduler: Any, scheduler_output: SchedulerOutput
 ) -> dict[str, BlockTwins]:
-    """Per new request of a step that runs new requests only: the whole blocks its step
-    computes, where the prefix cache holds a block with the same tokens for each (a prompt
-    cached whole has its last block computed again). A step with running requests gets
-    none: the draft runs for them, over every request's tokens."""
+    """Per new request of the step that computes whole blocks only, each with a block of
+    the same tokens in the prefix cache (a prompt cached whole has its last block computed
+    again): those blocks and their cached twins."""
     manager = scheduler.kv_cache_manager
     block_size = manager_block_size(scheduler.kv_cache_config)
     if (
-        scheduler_output.scheduled_cached_reqs.num_reqs
-        or not scheduler_output.scheduled_new_reqs
+        not scheduler_output.scheduled_new_reqs
         or not manager.enable_caching
         or len(scheduler.kv_cache_config.kv_cache_groups) != 1
         or scheduler.hash_block_size != block_size

@@ -1,5 +1,5 @@
 """The V1 model runner's proposer base class, the batch it drafts for, and the forward
-context a draft pass runs in."""
+context a draft pass runs in; the attention metadata of the passes the method reshapes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 __all__ = [
     "DraftModelProposer",
     "extension_attention_metadata",
+    "keep_tokens",
     "request_ids",
     "set_forward_context",
     "split_attention_rows",
@@ -56,6 +57,27 @@ def extension_attention_metadata(
         block_table_tensor=block_table,
         slot_mapping=slot_mapping,
         seq_lens_cpu_upper_bound=seq_lens_cpu,
+    )
+
+
+def keep_tokens(
+    metadata: CommonAttentionMetadata, kept_tokens: np.ndarray, query_start_loc: np.ndarray
+) -> CommonAttentionMetadata:
+    """The same rows, as long, with only the pass's tokens kept_tokens [T'] (the last ones
+    of each row), query_start_loc [R + 1] the rows' starts among them."""
+    device = metadata.query_start_loc.device
+    query_start_loc_cpu = torch.from_numpy(query_start_loc).to(metadata.query_start_loc_cpu.dtype)
+    kept = torch.from_numpy(kept_tokens).to(device)
+    return dataclasses.replace(
+        metadata,
+        query_start_loc=query_start_loc_cpu.to(device),
+        query_start_loc_cpu=query_start_loc_cpu,
+        num_actual_tokens=int(kept_tokens.shape[0]),
+        max_query_len=int(np.diff(query_start_loc).max()),
+        slot_mapping=metadata.slot_mapping[kept],
+        positions=None if metadata.positions is None else metadata.positions[..., kept],
+        _num_computed_tokens_cache=None,
+        _token_to_req_indices_cache=None,
     )
 
 

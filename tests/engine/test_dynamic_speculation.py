@@ -320,24 +320,27 @@ def test_a_prefix_cached_prompt_whose_draft_kv_was_never_written_is_caught_up(
     assert counts["num_accepted_tokens"] >= 0.9 * counts["num_draft_tokens"]
 
 
+@pytest.mark.parametrize("beside_a_new_prompt", [False, True], ids=["alone", "beside_a_new_prompt"])
 def test_a_prompt_cached_whole_copies_the_draft_kv_of_the_block_vllm_computes_again(
-    tiny_models: dict[str, Path],
+    beside_a_new_prompt: bool, tiny_models: dict[str, Path], prompts: list[list[int]]
 ) -> None:
     """A prompt of 8 whole blocks, decoded twice: the second time vLLM's prefix cache holds
-    it whole and vLLM computes its last block again, into a new block. That step does not
-    run the draft and copies the draft's KV of the block from the cached one; the target
+    it whole and vLLM computes its last block again, into a new block. The step copies the
+    draft's KV of the block from the cached one, and the draft's pass keeps only the
+    block's last token (alone, or beside a new prompt the draft computes whole); the target
     being its own draft, every later draft is accepted, with no catch-up pass. Injected:
-    the copy left out (the bug this test catches), 41 of 66 drafts were accepted; with
-    it, 48 of 48."""
+    the copy left out (the bug this test catches), 41 of 69 drafts were accepted alone
+    (48 of 48 with it) and 89 of 117 beside the new prompt (96 of 96)."""
     from specextend_vllm import retrieval_stats
 
     [prompt] = random_prompts([8 * BLOCK_SIZE], seed=3)
+    again = [prompt, prompts[1]] if beside_a_new_prompt else [prompt]
     config = specextend_config(tiny_models["target"], policy="full")
 
     def run(llm: Any) -> tuple[list[list[int]], list[dict[str, Any]], list[dict[str, float]]]:
         stats, counts = [], []
-        for max_tokens in (MAX_TOKENS, LONG_OUTPUT_TOKENS):
-            outputs = generate_ids(llm, [prompt], max_tokens)
+        for batch, max_tokens in (([prompt], MAX_TOKENS), (again, LONG_OUTPUT_TOKENS)):
+            outputs = generate_ids(llm, batch, max_tokens)
             stats.append(retrieval_stats(llm)[0])
             counts.append(spec_decode_counts(llm))
         return outputs, stats, counts
@@ -345,13 +348,40 @@ def test_a_prompt_cached_whole_copies_the_draft_kv_of_the_block_vllm_computes_ag
     outputs, (first_stats, stats), (first_counts, counts) = on_engine(
         tiny_models["target"], config, run
     )
-    assert outputs == decode(tiny_models["target"], [prompt], LONG_OUTPUT_TOKENS).outputs
+    assert outputs == decode(tiny_models["target"], again, LONG_OUTPUT_TOKENS).outputs
     assert first_stats["copied_prompt_tokens"] == 0
-    assert stats["copied_prompt_tokens"] == BLOCK_SIZE
+    assert stats["copied_prompt_tokens"] == BLOCK_SIZE - 1
     assert stats["catch_up_passes"] == first_stats["catch_up_passes"] == 0
     drafted = counts["num_draft_tokens"] - first_counts["num_draft_tokens"]
     accepted = counts["num_accepted_tokens"] - first_counts["num_accepted_tokens"]
     assert drafted >= NUM_SPECULATIVE_TOKENS * 8 and accepted >= 0.9 * drafted
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [{}, {"tree": "dynamic", "num_speculative_tokens": 10, "tree_max_depth": 4}],
+    ids=["reduced_caches", "dynamic_tree"],
+)
+def test_prompts_cached_whole_beside_new_ones_decode_losslessly(
+    keys: dict[str, Any], tiny_models: dict[str, Path], prompts: list[list[int]]
+) -> None:
+    """Prompts of whole blocks decoded again beside new prompts, over retrieval's reduced
+    caches (past the activation length) or as token trees, with a draft that is not the
+    target: the draft's passes that keep only the copied blocks' last tokens draft for every
+    request, and the output is the target's."""
+    from specextend_vllm import retrieval_stats
+
+    cached = random_prompts([4 * BLOCK_SIZE, 12 * BLOCK_SIZE], seed=4)
+    again = [cached[0], prompts[3], cached[1], prompts[0]]
+    config = specextend_config(tiny_models["draft_noisy"], **keys)
+
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, Any]]:
+        generate_ids(llm, cached, 1)
+        return generate_ids(llm, again, MAX_TOKENS), retrieval_stats(llm)[0]
+
+    outputs, stats = on_engine(tiny_models["target"], config, run)
+    assert outputs == decode(tiny_models["target"], again, MAX_TOKENS).outputs
+    assert stats["copied_prompt_tokens"] == 2 * (BLOCK_SIZE - 1)
 
 
 def test_trees_skip_the_draft_where_auto_stops_drafting_and_catch_up_losslessly(

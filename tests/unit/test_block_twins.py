@@ -1,6 +1,7 @@
-"""Which steps copy the draft's KV of the blocks they compute from cached twins: only
-those whose every request computes whole blocks that all have twins, none written by the
-step, in kernel blocks where the scheduler's blocks hold several."""
+"""Which requests of a step copy the draft's KV of the blocks they compute from cached
+twins: those computing whole blocks that all have twins, none written by the step, in
+kernel blocks where the scheduler's blocks hold several; and the tokens the draft's pass
+keeps."""
 
 from __future__ import annotations
 
@@ -20,12 +21,23 @@ def test_the_kernel_blocks_of_each_twin_are_copied_in_order() -> None:
     twins = {"a": BlockTwins((3,), (0,)), "b": BlockTwins((4, 5), (12, 13))}
     copies = twin_copies(["a", "b"], twins, step, BLOCK_SIZE, KERNEL_BLOCKS_PER_BLOCK)
     assert copies is not None
-    sources, destinations = copies
-    assert sources.tolist() == [0, 1, 24, 25, 26, 27]
-    assert destinations.tolist() == [6, 7, 8, 9, 10, 11]
+    assert copies.rows.tolist() == [True, True]
+    assert copies.sources.tolist() == [0, 1, 24, 25, 26, 27]
+    assert copies.destinations.tolist() == [6, 7, 8, 9, 10, 11]
+    # The draft's pass keeps each request's last token: a's 15th, b's 15th.
+    kept, query_start_loc = copies.kept_tokens(np.array([0, 8, 24]))
+    assert kept.tolist() == [7, 23] and query_start_loc.tolist() == [0, 1, 2]
 
 
-def test_a_step_that_also_computes_tokens_without_twins_copies_nothing() -> None:
+def test_requests_without_twins_keep_all_their_tokens_beside_copied_ones() -> None:
+    step = StepTokens(np.array([8, 0]), np.array([8, 5]), TABLE)
+    copies = twin_copies(["a", "b"], {"a": BlockTwins((3,), (0,))}, step, BLOCK_SIZE, 2)
+    assert copies is not None and copies.rows.tolist() == [True, False]
+    kept, query_start_loc = copies.kept_tokens(np.array([0, 8, 13]))
+    assert kept.tolist() == [7, 8, 9, 10, 11, 12] and query_start_loc.tolist() == [0, 1, 6]
+
+
+def test_a_request_that_also_computes_tokens_without_twins_copies_nothing() -> None:
     twins = {"a": BlockTwins((3,), (0,))}
     ends_past_the_block = StepTokens(np.array([8]), np.array([9]), TABLE[:1])
     starts_inside_the_block = StepTokens(np.array([12]), np.array([4]), TABLE[:1])
