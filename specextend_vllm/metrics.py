@@ -66,7 +66,8 @@ class SpecExtendCounts:
     """Tokens those passes wrote."""
     copied_prompt_tokens: int = 0
     """Prompt tokens of blocks vLLM computed again (a prompt its prefix cache held whole)
-    whose draft KV was copied from the cached blocks holding the same tokens."""
+    that the draft's pass left out, their draft KV copied from the cached blocks holding
+    the same tokens."""
     windowed_prompt_tokens: int = 0
     """Tokens of the draft's passes over prompts (and catch-up passes) that attended to
     the sink block and `draft_prefill_window`, not to everything before them."""

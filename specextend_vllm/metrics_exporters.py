@@ -83,7 +83,7 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "copied_prompt_tokens": (
         "vllm:specextend_copied_prompt_tokens",
-        "Prompt tokens computed again whose draft KV was copied from cached blocks.",
+        "Prompt tokens computed again that the draft left out, its KV copied from cached blocks.",
     ),
     "windowed_prompt_tokens": (
         "vllm:specextend_windowed_prompt_tokens",

@@ -8,7 +8,9 @@ hooks. It builds them when the models load and hands each step to them:
 Everything else is vLLM's: the draft's first pass over the target's tokens and the chain
 passes after it, with the reduced block tables swapped into their attention metadata. A
 step that drafts nothing does not run the draft; the next one that does first writes the
-draft's KV of the tokens it missed, in one pass (`algorithm.draft_lag`).
+draft's KV of the tokens it missed, in one pass (`algorithm.draft_lag`). Blocks of a prompt
+cached whole that vLLM computes again get the draft's KV from their cached twins, and the
+first pass leaves their tokens out but the last (`algorithm.block_twins`).
 """
 
 from __future__ import annotations
@@ -296,6 +298,13 @@ class SpecExtendProposer(DraftModelProposer):
         planner = self.planner
         num_reqs = common_attn_metadata.num_reqs
         batch_request_ids = request_ids(self.runner, num_reqs)
+        # The planner reads the target's batch: its final-layer queries are the target's
+        # tokens'. The draft's pass leaves out what the twin copies hold.
+        target_batch = (
+            target_positions,
+            common_attn_metadata.query_start_loc[: num_reqs + 1],
+            token_indices_to_sample,
+        )
         kept = self._copies_twin_blocks(batch_request_ids, target_positions, common_attn_metadata)
         if kept is not None:
             kept_tokens, kept_start_loc = kept
@@ -322,9 +331,7 @@ class SpecExtendProposer(DraftModelProposer):
         if self.method_config.policy != "full" and planner is not None:
             view = planner.plan(
                 batch_request_ids,
-                target_positions,
-                common_attn_metadata.query_start_loc[: num_reqs + 1],
-                token_indices_to_sample,
+                *target_batch,
                 common_attn_metadata.block_table_tensor,
                 common_attn_metadata.max_seq_len,
                 num_speculative_tokens,

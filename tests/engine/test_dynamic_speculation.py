@@ -368,20 +368,36 @@ def test_prompts_cached_whole_beside_new_ones_decode_losslessly(
     """Prompts of whole blocks decoded again beside new prompts, over retrieval's reduced
     caches (past the activation length) or as token trees, with a draft that is not the
     target: the draft's passes that keep only the copied blocks' last tokens draft for every
-    request, and the output is the target's."""
+    request, and the output is the target's. On reduced caches, the copied requests select
+    the chunks they selected when their prompts were new; injected: the planner given the
+    draft's kept tokens in place of the target's batch (its scorer then reads other
+    tokens' queries), both selections differed."""
     from specextend_vllm import retrieval_stats
 
-    cached = random_prompts([4 * BLOCK_SIZE, 12 * BLOCK_SIZE], seed=4)
+    cached = random_prompts([6 * BLOCK_SIZE, 12 * BLOCK_SIZE], seed=4)
     again = [cached[0], prompts[3], cached[1], prompts[0]]
     config = specextend_config(tiny_models["draft_noisy"], **keys)
 
-    def run(llm: Any) -> tuple[list[list[int]], dict[str, Any]]:
-        generate_ids(llm, cached, 1)
-        return generate_ids(llm, again, MAX_TOKENS), retrieval_stats(llm)[0]
+    def run(llm: Any) -> tuple[list[list[int]], list[dict[str, Any]], dict[str, Any]]:
+        generate_ids(llm, cached, MAX_TOKENS)
+        first_stats = retrieval_stats(llm)[0]
+        return generate_ids(llm, again, MAX_TOKENS), first_stats, retrieval_stats(llm)[0]
 
-    outputs, stats = on_engine(tiny_models["target"], config, run)
+    outputs, first_stats, stats = on_engine(tiny_models["target"], config, run)
     assert outputs == decode(tiny_models["target"], again, MAX_TOKENS).outputs
     assert stats["copied_prompt_tokens"] == 2 * (BLOCK_SIZE - 1)
+    if "tree" not in keys:
+        # Selected at the step that copied, from the target's queries of the prompts' last
+        # tokens: as when the prompts were new.
+        lengths = {len(prompt) for prompt in cached}
+        first, second = (
+            {s["context_len"]: s["kept_chunks"] for s in selections if s["context_len"] in lengths}
+            for selections in (
+                first_stats["selections"],
+                stats["selections"][len(first_stats["selections"]) :],
+            )
+        )
+        assert len(first) == 2 and second == first
 
 
 def test_trees_skip_the_draft_where_auto_stops_drafting_and_catch_up_losslessly(
