@@ -12,9 +12,12 @@ import pytest
 
 from specextend_vllm import reconfigure, retrieval_stats
 from tests.harness import (
+    BLOCK_SIZE,
     MAX_TOKENS,
+    decode,
     generate_ids,
     on_engine,
+    random_prompts,
     spec_decode_counts,
     specextend_config,
     two_tensor_parallel_ranks,
@@ -58,10 +61,15 @@ def test_two_ranks_keep_the_same_chunks_and_stay_lossless(
     more of the near-target draft's tokens) and the second rank's clock gaining on full-cache
     steps: with each rank choosing from its own times, the first keeps the full cache and
     the second the reduced one, and the second's scoring waits for the first forever (seen
-    with the averaging removed); with the times averaged both choose alike."""
+    with the averaging removed); with the times averaged both choose alike. Between the two,
+    a prompt of whole blocks decoded again: each rank copies its shard of the draft's KV of
+    the block vLLM computes again (the twins travel with the scheduler's output)."""
+    [whole_blocks] = random_prompts([8 * BLOCK_SIZE], seed=3)
 
     def run(llm: Any) -> tuple[list[list[int]], dict[str, float], list[dict[str, Any]], list[int], list[dict[str, Any]]]:
         outputs = generate_ids(llm, prompts, MAX_TOKENS)
+        generate_ids(llm, [whole_blocks], 1)
+        outputs += generate_ids(llm, [whole_blocks], MAX_TOKENS)
         counts, ranks = spec_decode_counts(llm), retrieval_stats(llm)
         reconfigure(llm, retrieval="auto", policy="streaming")
         llm.collective_rpc(skew_the_second_ranks_clock_on_full_cache_drafts)
@@ -74,7 +82,9 @@ def test_two_ranks_keep_the_same_chunks_and_stay_lossless(
         run,
         **two_tensor_parallel_ranks(monkeypatch),
     )
-    assert outputs == plain_outputs
+    plain_whole_blocks = decode(tiny_models["target"], [whole_blocks], MAX_TOKENS).outputs
+    assert outputs == plain_outputs + plain_whole_blocks
+    assert [rank["copied_prompt_tokens"] for rank in ranks] == [BLOCK_SIZE - 1] * 2
     assert counts["num_accepted_tokens"] > 0
     assert len(ranks) == 2 and ranks[0]["retrievals"] > 0
     assert ranks[0]["selections"] == ranks[1]["selections"]
