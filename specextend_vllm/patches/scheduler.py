@@ -112,7 +112,7 @@ class SchedulerPreparesDrafting(VllmPatch):
             if len(starts) >= MAX_STEPS_IN_FLIGHT:
                 starts.clear()
             starts[id(scheduler_output)] = time.perf_counter()
-        if specextend_config(self.vllm_config) is not None:
+        if scheduler_output.scheduled_new_reqs and specextend_config(self.vllm_config) is not None:
             scheduler_output.specextend_block_twins = (
                 recomputed_block_twins(self, scheduler_output) or None
             )

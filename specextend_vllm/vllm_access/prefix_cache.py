@@ -20,8 +20,7 @@ def recomputed_block_twins(
     manager = scheduler.kv_cache_manager
     block_size = manager_block_size(scheduler.kv_cache_config)
     if (
-        not scheduler_output.scheduled_new_reqs
-        or not manager.enable_caching
+        not manager.enable_caching
         or len(scheduler.kv_cache_config.kv_cache_groups) != 1
         or scheduler.hash_block_size != block_size
     ):
