@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specextend_vllm.algorithm.block_twins import BlockTwins, twin_copies
+from specextend_vllm.algorithm.block_twins import BlockTwins, TwinCopies, twin_copies
 from specextend_vllm.algorithm.draft_lag import CatchUp, DraftLag, StepTokens
 from specextend_vllm.algorithm.draft_vocab import scatter_kept_logits
 from specextend_vllm.algorithm.kv_cache_layout import copy_blocks
@@ -305,21 +305,22 @@ class SpecExtendProposer(DraftModelProposer):
             common_attn_metadata.query_start_loc[: num_reqs + 1],
             token_indices_to_sample,
         )
-        kept = self._copies_twin_blocks(batch_request_ids, target_positions, common_attn_metadata)
-        if kept is not None:
-            kept_tokens, kept_start_loc = kept
-            query_start_loc = common_attn_metadata.query_start_loc_cpu[: num_reqs + 1].numpy()
-            left_out = np.cumsum(np.diff(query_start_loc) - np.diff(kept_start_loc))
-            common_attn_metadata = keep_tokens(common_attn_metadata, kept_tokens, kept_start_loc)
-            device_kept_tokens = torch.from_numpy(kept_tokens).to(self.device)
-            target_token_ids = target_token_ids[device_kept_tokens]
-            target_positions = target_positions[..., device_kept_tokens]
-            target_hidden_states = target_hidden_states[device_kept_tokens]
-            if token_indices_to_sample is not None:
-                token_indices_to_sample = token_indices_to_sample.clone()
-                token_indices_to_sample[:num_reqs] -= torch.from_numpy(left_out).to(
-                    token_indices_to_sample
-                )
+        copies = self._copies_twin_blocks(batch_request_ids, target_positions, common_attn_metadata)
+        if copies is not None:
+            (
+                target_token_ids,
+                target_positions,
+                target_hidden_states,
+                token_indices_to_sample,
+                common_attn_metadata,
+            ) = self._leaves_out_copied_tokens(
+                copies,
+                target_token_ids,
+                target_positions,
+                target_hidden_states,
+                token_indices_to_sample,
+                common_attn_metadata,
+            )
         if self._skips_draft_or_catches_up(
             batch_request_ids, num_speculative_tokens, target_positions, common_attn_metadata
         ):
@@ -404,10 +405,9 @@ class SpecExtendProposer(DraftModelProposer):
 
     def _copies_twin_blocks(
         self, batch_request_ids: list[str], target_positions: torch.Tensor, metadata: Any
-    ) -> tuple[np.ndarray, np.ndarray] | None:
+    ) -> TwinCopies | None:
         """Copies the draft's KV of the blocks this step computes again from their cached
-        twins (`algorithm.block_twins`): the tokens the draft's pass keeps [T'] and its
-        rows' query_start_loc [R + 1] over them; None where nothing is copied."""
+        twins (`algorithm.block_twins`); None where nothing is copied."""
         twins, self._block_twins = self._block_twins, {}
         if not twins:
             return None
@@ -433,10 +433,37 @@ class SpecExtendProposer(DraftModelProposer):
             copies.sources,
             copies.destinations,
         )
-        query_start_loc = metadata.query_start_loc_cpu[: metadata.num_reqs + 1].numpy()
+        return copies
+
+    def _leaves_out_copied_tokens(
+        self,
+        copies: TwinCopies,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        token_indices_to_sample: torch.Tensor | None,
+        metadata: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, Any]:
+        """The draft's first-pass inputs without the copied requests' tokens before their
+        last one."""
+        num_reqs = metadata.num_reqs
+        query_start_loc = metadata.query_start_loc_cpu[: num_reqs + 1].numpy()
         kept_tokens, kept_start_loc = copies.kept_tokens(query_start_loc)
-        self.metrics.record_copied_prompt_tokens(int(query_start_loc[-1] - kept_start_loc[-1]))
-        return kept_tokens, kept_start_loc
+        left_out = np.cumsum(np.diff(query_start_loc) - np.diff(kept_start_loc))
+        self.metrics.record_copied_prompt_tokens(int(left_out[-1]))
+        if token_indices_to_sample is not None:
+            token_indices_to_sample = token_indices_to_sample.clone()
+            token_indices_to_sample[:num_reqs] -= torch.from_numpy(left_out).to(
+                token_indices_to_sample
+            )
+        kept = torch.from_numpy(kept_tokens).to(self.device)
+        return (
+            target_token_ids[kept],
+            target_positions[..., kept],
+            target_hidden_states[kept],
+            token_indices_to_sample,
+            keep_tokens(metadata, kept_tokens, kept_start_loc),
+        )
 
     def _catch_up(self, catch_up: CatchUp, block_table: torch.Tensor) -> None:
         """Writes the draft's KV of the tokens the lagging requests missed, attending to

@@ -75,7 +75,7 @@ class RequestLifecycle(VllmPatch):
                 scheduler_output.scheduled_cached_reqs.resumed_req_ids,
             )
             drafter.note_block_twins(
-                getattr(scheduler_output, "specextend_block_twins", None) or {}
+                scheduler_output.specextend_block_twins or {}
             )
         return RequestLifecycle.original(self, scheduler_output)
 
