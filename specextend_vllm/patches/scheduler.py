@@ -160,36 +160,41 @@ def decoding_step(
     scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
 ) -> DecodingStep | None:
     """The step's measurements, or None where requests verified different numbers of
-    drafts or some prefilled."""
-    num_scheduled = scheduler_output.num_scheduled_tokens
-    if not num_scheduled or scheduler_output.scheduled_new_reqs:
+    drafts or some prefilled.
+
+    Each request schedules its drafts and at least one more token, so the step is a
+    decoding step of j drafts each exactly when the longest draft list holds j, the lists
+    hold B j drafts in all and the step schedules B (1 + j) tokens (B: the batch size);
+    the runner samples one row per scheduled request."""
+    batch_size = len(scheduler_output.num_scheduled_tokens)
+    if not batch_size or scheduler_output.scheduled_new_reqs:
         return None
     drafts = scheduler_output.scheduled_spec_decode_tokens
-    verified = {len(drafts.get(request_id, ())) for request_id in num_scheduled}
-    if len(verified) != 1:
-        return None
-    [verified_drafts] = verified
-    if any(n != 1 + verified_drafts for n in num_scheduled.values()):
+    draft_counts = np.fromiter(map(len, drafts.values()), dtype=np.int64, count=len(drafts))
+    verified_drafts = int(draft_counts.max(initial=0))
+    if int(draft_counts.sum()) != batch_size * verified_drafts or (
+        scheduler_output.total_num_scheduled_tokens != batch_size * (1 + verified_drafts)
+    ):
         return None
     sampled = model_runner_output.sampled_token_ids
-    index = model_runner_output.req_id_to_index
-    counts = [len(sampled[index[r]]) for r in num_scheduled if r in index and index[r] < len(sampled)]
-    if not counts or not verified_drafts:
-        return DecodingStep(len(num_scheduled), verified_drafts, None)
-    return DecodingStep(len(num_scheduled), verified_drafts, accepted_shares(counts, verified_drafts))
+    if not verified_drafts or len(sampled) != batch_size:
+        return DecodingStep(batch_size, verified_drafts, None)
+    sampled_counts = np.fromiter(map(len, sampled), dtype=np.int64, count=batch_size)
+    shares = accepted_shares(sampled_counts, verified_drafts)
+    return DecodingStep(batch_size, verified_drafts, shares)
 
 
-def accepted_shares(sampled_counts: list[int], verified_drafts: int) -> tuple[float, ...]:
+def accepted_shares(sampled_counts: np.ndarray, verified_drafts: int) -> tuple[float, ...]:
     """The share of requests that accepted 1, 2, ... `verified_drafts` drafts or more, from
     the tokens each request sampled (1 + accepted drafts; a request whose tokens were
     discarded sampled none and counts as accepting none).
 
-    >>> accepted_shares([1, 3, 3, 5], verified_drafts=4)
+    >>> accepted_shares(np.array([1, 3, 3, 5]), verified_drafts=4)
     (0.75, 0.75, 0.25, 0.25)
-    >>> accepted_shares([0, 2], verified_drafts=2)
+    >>> accepted_shares(np.array([0, 2]), verified_drafts=2)
     (0.5, 0.0)
     """
-    accepted = np.clip(np.asarray(sampled_counts) - 1, 0, verified_drafts)
+    accepted = np.clip(sampled_counts - 1, 0, verified_drafts)
     accepted = np.bincount(accepted, minlength=verified_drafts + 1)
     at_least = np.cumsum(accepted[::-1])[::-1]
     return tuple((at_least[1 : verified_drafts + 1] / len(sampled_counts)).tolist())
