@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 
 class RequestSlots:
     """Gives each request a slot in [0, max_requests) for as long as it lives.
@@ -25,15 +27,18 @@ class RequestSlots:
         return len(self._free_slots)
 
     def assign(self, request_ids: list[str]) -> tuple[list[int], list[int]]:
-        """(the slot of each request, the slots new to this call)."""
-        slot_by_request = self._slot_by_request
+        """(the slot of each request, the slots new to this call). The requests are looked
+        up in one pass of `map`; only a call with new requests walks them in Python."""
+        slots = list(map(self._slot_by_request.get, request_ids))
+        if None not in slots:
+            return cast(list[int], slots), []
         new_slots = []
-        for request_id in request_ids:
-            if request_id not in slot_by_request:
-                slot = self._free_slots.pop()
-                slot_by_request[request_id] = slot
+        for row, slot in enumerate(slots):
+            if slot is None:
+                slots[row] = slot = self._free_slots.pop()
+                self._slot_by_request[request_ids[row]] = slot
                 new_slots.append(slot)
-        return [slot_by_request[r] for r in request_ids], new_slots
+        return cast(list[int], slots), new_slots
 
     def existing(self, request_ids: list[str]) -> list[int]:
         """The slots of those requests that hold one."""
