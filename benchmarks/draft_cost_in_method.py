@@ -34,7 +34,7 @@ os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from benchmarks import assets, engine  # noqa: E402
 from benchmarks.draft_cost import DEFAULT_TEXT, summary  # noqa: E402
-from benchmarks.method_cost import PER_STEP_FIELDS, decode_once  # noqa: E402
+from benchmarks.method_cost import PER_STEP_FIELDS, decode_once, ms  # noqa: E402
 from benchmarks.prompts import summary_prompt  # noqa: E402
 
 NO_SPECULATION = "no_speculation"
@@ -103,11 +103,6 @@ def with_costs(
         figures["proposal_c"] = figures["propose_s"]["median"] / k / plain_forward
         reference = plain[length]["outputs"][0]
         figures["same_output"] = all(output == reference for output in figures["outputs"])
-
-
-def ms(figures: dict[str, Any], field: str) -> str:
-    cell = figures[field]
-    return f"{1000 * cell['median']:.1f} ({1000 * cell['min']:.1f}-{1000 * cell['max']:.1f})"
 
 
 def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
