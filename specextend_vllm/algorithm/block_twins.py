@@ -74,7 +74,7 @@ def twin_copies(
     >>> twin_copies(["a", "b", "c"], {"a": a, "b": BlockTwins((7,), (8,))}, step, 4, 1) is None
     True
     """
-    rows = np.array([request_id in twins for request_id in request_ids])
+    rows = np.fromiter(map(twins.__contains__, request_ids), dtype=bool, count=len(request_ids))
     rows &= (step.first_positions % block_size == 0) & (step.query_lens % block_size == 0)
     if not rows.any():
         return None

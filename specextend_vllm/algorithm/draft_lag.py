@@ -197,12 +197,14 @@ class DraftLag:
         if not new_slots or not self.missing_blocks.any():
             return
         rows = np.nonzero(np.isin(slots, new_slots) & (step.first_positions > 0))[0]
-        for row in rows:
-            cached_blocks = step.block_table[row, : -(-step.first_positions[row] // self.block_size)]
-            flagged = np.nonzero(self.missing_blocks[cached_blocks])[0]
-            if flagged.size:
-                self.first_missing[slots[row]] = flagged[0] * self.block_size
-                self._lagging_requests = True
+        cached_blocks = -(-step.first_positions[rows] // self.block_size)
+        columns = np.arange(step.block_table.shape[1])
+        flagged = self.missing_blocks[step.block_table[rows]] & (columns < cached_blocks[:, None])
+        lagging = flagged.any(axis=1)
+        if lagging.any():
+            first_flagged = flagged[lagging].argmax(axis=1)
+            self.first_missing[slots[rows[lagging]]] = first_flagged * self.block_size
+            self._lagging_requests = True
 
     def on_requests_changed(self, finished: list[str], restarted: list[str]) -> None:
         """Finished requests free their slots; requests that start over (resumed after

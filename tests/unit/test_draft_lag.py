@@ -52,6 +52,22 @@ def test_a_new_request_on_cached_blocks_the_draft_missed_catches_up_from_the_fir
     assert lag.catch_up(["c"], step([9])) is None
 
 
+def test_new_requests_catch_up_from_their_own_first_flagged_cached_block() -> None:
+    lag = DraftLag(4, num_blocks=30, block_size=BLOCK_SIZE)
+    lag.missing_blocks[[2, 5, 13, 25]] = True
+    # a's cached blocks 0-2 hold flagged block 2 (5 is past them); b's 10-12 hold none
+    # (13 is past them); c's 20-27 hold 25.
+    catch_up = lag.catch_up(["a", "b", "c"], step([12, 12, 32]))
+    assert catch_up is not None and catch_up.rows.tolist() == [0, 2]
+    assert catch_up.starts.tolist() == [8, 20] and catch_up.lengths.tolist() == [4, 12]
+    # d's cached blocks 0-2 hold none; block 5, past them, is not d's to catch up from.
+    lag = DraftLag(4, num_blocks=30, block_size=BLOCK_SIZE)
+    lag.missing_blocks[5] = True
+    lag.skipped(["d"], step([12]))
+    catch_up = lag.catch_up(["d"], step([13]))
+    assert catch_up is not None and catch_up.starts.tolist() == [12]
+
+
 def test_restarted_requests_lag_no_more_and_free_slots_are_reused() -> None:
     lag = DraftLag(2, num_blocks=30, block_size=BLOCK_SIZE)
     lag.skipped(["a", "b"], step([10, 20]))
