@@ -7,7 +7,7 @@
 
 One `specextend` engine (the real pair, the int8 draft, default keys, prefix caching off)
 prefills one prompt per text and length (a second text of fiction, essays and code: Botchan,
-essay set 2, tarfile.py; cut to each length) and
+essay set 2, tarfile.py, cut to each length; `--text-index 2`: the third texts) and
 emits one token. The step timings split each prefill into the target's forward and the
 draft's passes over the same tokens (with its first drafts); their ratio is what the draft
 adds to the target's prefill in the same steps, so machine drift moves both alike. Median
@@ -91,6 +91,9 @@ def main() -> None:
         help="prefix caching on; each prompt prefilled once, then measured from the cache, "
         "which holds it whole (vLLM computes its last block again)",
     )
+    parser.add_argument(
+        "--text-index", type=int, default=1, help="which text of each genre (0: the first)"
+    )
     parser.add_argument("--output", default="prefill_cost")
     args = parser.parse_args()
     _, target = assets.qwen_pair()
@@ -100,7 +103,10 @@ def main() -> None:
         if args.every_step
         else {"method": "specextend", "model": str(draft), "num_speculative_tokens": 4}
     )
-    texts = {genre: list(by_name.items())[1] for genre, by_name in genre_texts(list(GENRES)).items()}
+    texts = {
+        genre: list(by_name.items())[args.text_index]
+        for genre, by_name in genre_texts(list(GENRES)).items()
+    }
     results: dict[str, Any] = {}
     for window in args.windows:
         llm = engine.make_llm(
