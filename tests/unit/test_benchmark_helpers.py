@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from benchmarks.engine import (
     RequestFigures,
     acceptance_per_position,
@@ -109,3 +111,12 @@ def test_the_choosers_state_is_what_it_holds_for_a_request_alone() -> None:
     assert state["kept_length"] == 2
     assert state["step_ms"] == {2: 500.0} and state["measured_steps"] == {2: 8}
     assert state["draft_acceptance"] == [1.0, 0.5]
+
+
+def test_the_gpu_step_models_hybrid_attention_equals_one_masked_attention() -> None:
+    """The GPU step-cost stand-in attends as hybrid verification does (cache part, masked
+    new tokens, merged by log-sum-exps); on CPU both parts run as fp32 math."""
+    from benchmarks.gpu_step_cost import HYBRID_ATTENTION_TOLERANCE, hybrid_attention_error
+
+    error = hybrid_attention_error(torch.device("cpu"), context=256, new_tokens=9)
+    assert error < HYBRID_ATTENTION_TOLERANCE / 4
