@@ -12,8 +12,11 @@ FlashAttention, which returns its log-sum-exp, the q new tokens among themselves
 mask (a chain's causal mask; a tree's ancestor mask costs the same), the two merged by their
 log-sum-exps (`ops.merge_attention_states_reference`, vLLM's `merge_attn_states` semantics).
 Each forward is captured in a CUDA graph, as vLLM captures its decoding steps, and replayed;
-a time is the median of repeats, with their range. Before timing, one layer's hybrid
-attention is checked against one masked attention over the cache and the new tokens.
+a time is the median of repeats, with their range. Eager, a layer runs some 40 kernels
+(each norm, rotary step, reshape and the merge apart); with `--compile` torch.compile fuses
+them into fewer, nearer vLLM's fused kernels, and each shape compiles once (minutes: run it
+on few contexts and batch sizes). Before timing, one layer's hybrid attention is checked
+against one masked attention over the cache and the new tokens.
 
 From the times, per context and batch size: c, a draft token's cost against a plain target
 step, with the draft over the method's reduced cache (`token_budget` 1024 plus the newest
@@ -22,6 +25,8 @@ of one token, then verifying 5); a 16-node tree's step (4 draft passes over 4 no
 verifying 17); and the acceptance a tree needs, against the chain's, to decode 1.15x as fast.
 
     python -m benchmarks.gpu_step_cost --output benchmarks/results/gpu_step_cost.json
+    python -m benchmarks.gpu_step_cost --compile --contexts 8192 --batches 1 \
+        --output benchmarks/results/gpu_step_cost_compiled.json
 """
 
 from __future__ import annotations
@@ -133,8 +138,11 @@ class RandomDecoder:
     KV cache of `context` tokens each (their K and V are written into the cache, as vLLM's
     attention writes them before attending)."""
 
-    def __init__(self, shape: DecoderShape, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, shape: DecoderShape, device: torch.device, dtype: torch.dtype, compiled: bool
+    ):
         self.shape = shape
+        self.layer = torch.compile(decoder_layer, dynamic=False) if compiled else decoder_layer
         s = shape
 
         def weight(*size: int) -> torch.Tensor:
@@ -175,24 +183,6 @@ class RandomDecoder:
         angles = torch.cat([angles, angles], dim=-1)[None, :, None, :]
         return angles.cos().to(self.embedding.dtype), angles.sin().to(self.embedding.dtype)
 
-    def attention(
-        self, layer: int, hidden: torch.Tensor, cache: torch.Tensor, context: int,
-        rotary: tuple[torch.Tensor, torch.Tensor], new_token_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        s, weights = self.shape, self.layers[layer]
-        batch, new_tokens, _ = hidden.shape
-        qkv = torch.addmm(weights["qkv_bias"], hidden.flatten(0, 1), weights["qkv"])
-        qkv = qkv.view(batch, new_tokens, s.heads + 2 * s.kv_heads, s.head_dim)
-        query, key, value = qkv.split([s.heads, s.kv_heads, s.kv_heads], dim=2)
-        query, key = (rotate(x, *rotary) for x in (query, key))
-        cache[0, :, :, context:].copy_(key.transpose(1, 2))
-        cache[1, :, :, context:].copy_(value.transpose(1, 2))
-        attended = hybrid_attention(
-            query, key, value, cache[0, :, :, :context], cache[1, :, :, :context],
-            new_token_mask, 1.0 / math.sqrt(s.head_dim),
-        )
-        return attended.reshape(batch * new_tokens, -1) @ weights["out"]
-
     def forward(
         self, tokens: torch.Tensor, caches: list[torch.Tensor], context: int,
         rotary: tuple[torch.Tensor, torch.Tensor], new_token_mask: torch.Tensor,
@@ -200,14 +190,42 @@ class RandomDecoder:
         """tokens [B, q] -> logits [B q, vocab]."""
         batch, new_tokens = tokens.shape
         hidden = self.embedding[tokens].flatten(0, 1)
-        for layer, weights in enumerate(self.layers):
-            normed = rms_norm(hidden, weights["norms"][0]).view(batch, new_tokens, -1)
-            hidden = hidden + self.attention(
-                layer, normed, caches[layer], context, rotary, new_token_mask
+        for weights, cache in zip(self.layers, caches):
+            hidden = self.layer(
+                self.shape, weights, hidden.view(batch, new_tokens, -1), cache, context,
+                *rotary, new_token_mask,
             )
-            gate, up = (rms_norm(hidden, weights["norms"][1]) @ weights["gate_up"]).chunk(2, dim=-1)
-            hidden = hidden + (F.silu(gate) * up) @ weights["down"]
         return rms_norm(hidden, self.final_norm) @ self.lm_head
+
+
+def decoder_layer(
+    s: DecoderShape,
+    weights: dict[str, torch.Tensor],
+    hidden: torch.Tensor,  # [B, q, hidden]
+    cache: torch.Tensor,  # [2, B, Hkv, context + q, D]
+    context: int,
+    rotary_cos: torch.Tensor,  # [1, q, 1, D]
+    rotary_sin: torch.Tensor,
+    new_token_mask: torch.Tensor,  # [q, q] bool
+) -> torch.Tensor:  # [B q, hidden]
+    """One layer; the new tokens' K and V are written into the cache before attending, as
+    vLLM's attention writes them."""
+    batch, new_tokens, _ = hidden.shape
+    hidden = hidden.flatten(0, 1)
+    normed = rms_norm(hidden, weights["norms"][0])
+    qkv = torch.addmm(weights["qkv_bias"], normed, weights["qkv"])
+    qkv = qkv.view(batch, new_tokens, s.heads + 2 * s.kv_heads, s.head_dim)
+    query, key, value = qkv.split([s.heads, s.kv_heads, s.kv_heads], dim=2)
+    query, key = (rotate(x, rotary_cos, rotary_sin) for x in (query, key))
+    cache[0, :, :, context:].copy_(key.transpose(1, 2))
+    cache[1, :, :, context:].copy_(value.transpose(1, 2))
+    attended = hybrid_attention(
+        query, key, value, cache[0, :, :, :context], cache[1, :, :, :context],
+        new_token_mask, 1.0 / math.sqrt(s.head_dim),
+    )
+    hidden = hidden + attended.reshape(batch * new_tokens, -1) @ weights["out"]
+    gate, up = (rms_norm(hidden, weights["norms"][1]) @ weights["gate_up"]).chunk(2, dim=-1)
+    return hidden + (F.silu(gate) * up) @ weights["down"]
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -382,8 +400,17 @@ def main() -> None:
     parser.add_argument(
         "--shrink", type=int, default=1, help="divide layers and widths by this (a CPU smoke run)"
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="run each layer through torch.compile"
+    )
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
+    if args.compile:
+        # One compilation per model, context, batch size and token count; past the limit
+        # torch.compile would run the layer eagerly.
+        config = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, limit, 256)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shapes = tuple(
@@ -409,7 +436,7 @@ def main() -> None:
     ]
     cells = []
     for shape, shape_contexts, token_counts in plan:
-        decoder = RandomDecoder(shape, device, dtype)
+        decoder = RandomDecoder(shape, device, dtype, args.compile)
         for context in shape_contexts:
             for batch in args.batches:
                 for new_tokens in token_counts:
