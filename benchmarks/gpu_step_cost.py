@@ -142,7 +142,9 @@ class RandomDecoder:
         self, shape: DecoderShape, device: torch.device, dtype: torch.dtype, compiled: bool
     ):
         self.shape = shape
-        self.layer = torch.compile(decoder_layer, dynamic=False) if compiled else decoder_layer
+        maybe_compile = (lambda f: torch.compile(f, dynamic=False)) if compiled else (lambda f: f)
+        self.projections = maybe_compile(layer_projections)
+        self.attention_and_mlp = maybe_compile(layer_attention_and_mlp)
         s = shape
 
         def weight(*size: int) -> torch.Tensor:
@@ -187,43 +189,56 @@ class RandomDecoder:
         self, tokens: torch.Tensor, caches: list[torch.Tensor], context: int,
         rotary: tuple[torch.Tensor, torch.Tensor], new_token_mask: torch.Tensor,
     ) -> torch.Tensor:
-        """tokens [B, q] -> logits [B q, vocab]."""
+        """tokens [B, q] -> logits [B q, vocab]. Each layer writes the new tokens' K and V
+        into its cache before attending, as vLLM's attention does, outside the compiled
+        parts: compiled, a write into a slice of the cache copied the whole cache."""
         batch, new_tokens = tokens.shape
         hidden = self.embedding[tokens].flatten(0, 1)
         for weights, cache in zip(self.layers, caches):
-            hidden = self.layer(
-                self.shape, weights, hidden.view(batch, new_tokens, -1), cache, context,
-                *rotary, new_token_mask,
+            query, key, value = self.projections(
+                self.shape, weights, hidden.view(batch, new_tokens, -1), *rotary
+            )
+            cache[0, :, :, context:].copy_(key.transpose(1, 2))
+            cache[1, :, :, context:].copy_(value.transpose(1, 2))
+            hidden = self.attention_and_mlp(
+                self.shape, weights, hidden, query, key, value,
+                cache[0, :, :, :context], cache[1, :, :, :context], new_token_mask,
             )
         return rms_norm(hidden, self.final_norm) @ self.lm_head
 
 
-def decoder_layer(
+def layer_projections(
     s: DecoderShape,
     weights: dict[str, torch.Tensor],
     hidden: torch.Tensor,  # [B, q, hidden]
-    cache: torch.Tensor,  # [2, B, Hkv, context + q, D]
-    context: int,
     rotary_cos: torch.Tensor,  # [1, q, 1, D]
     rotary_sin: torch.Tensor,
-    new_token_mask: torch.Tensor,  # [q, q] bool
-) -> torch.Tensor:  # [B q, hidden]
-    """One layer; the new tokens' K and V are written into the cache before attending, as
-    vLLM's attention writes them."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [B, q, H or Hkv, D]
+    """A layer's query, key and value of the new tokens, positions rotated."""
     batch, new_tokens, _ = hidden.shape
-    hidden = hidden.flatten(0, 1)
-    normed = rms_norm(hidden, weights["norms"][0])
+    normed = rms_norm(hidden.flatten(0, 1), weights["norms"][0])
     qkv = torch.addmm(weights["qkv_bias"], normed, weights["qkv"])
     qkv = qkv.view(batch, new_tokens, s.heads + 2 * s.kv_heads, s.head_dim)
     query, key, value = qkv.split([s.heads, s.kv_heads, s.kv_heads], dim=2)
-    query, key = (rotate(x, rotary_cos, rotary_sin) for x in (query, key))
-    cache[0, :, :, context:].copy_(key.transpose(1, 2))
-    cache[1, :, :, context:].copy_(value.transpose(1, 2))
+    return rotate(query, rotary_cos, rotary_sin), rotate(key, rotary_cos, rotary_sin), value
+
+
+def layer_attention_and_mlp(
+    s: DecoderShape,
+    weights: dict[str, torch.Tensor],
+    hidden: torch.Tensor,  # [B q, hidden]
+    query: torch.Tensor,  # [B, q, H, D]
+    key: torch.Tensor,  # [B, q, Hkv, D]
+    value: torch.Tensor,  # [B, q, Hkv, D]
+    key_cache: torch.Tensor,  # [B, Hkv, context, D]
+    value_cache: torch.Tensor,  # [B, Hkv, context, D]
+    new_token_mask: torch.Tensor,  # [q, q] bool
+) -> torch.Tensor:  # [B q, hidden]
+    """The rest of the layer: attention (hybrid), its projection, the MLP, residuals."""
     attended = hybrid_attention(
-        query, key, value, cache[0, :, :, :context], cache[1, :, :, :context],
-        new_token_mask, 1.0 / math.sqrt(s.head_dim),
+        query, key, value, key_cache, value_cache, new_token_mask, 1.0 / math.sqrt(s.head_dim)
     )
-    hidden = hidden + attended.reshape(batch * new_tokens, -1) @ weights["out"]
+    hidden = hidden + attended.flatten(0, 1).flatten(1) @ weights["out"]
     gate, up = (rms_norm(hidden, weights["norms"][1]) @ weights["gate_up"]).chunk(2, dim=-1)
     return hidden + (F.silu(gate) * up) @ weights["down"]
 
