@@ -9,7 +9,8 @@ prompts at each concurrency, in the order given: long prompts cut from texts of 
 genres, greedy, a fixed number of new tokens. The prefix cache stays on, as in serving, so
 the first concurrency pays the prefills and the later ones find the prompts cached and
 measure decoding under load (their time to first token is then that of a cached prompt).
-Saves benchmarks/results/serving.json (vLLM's figures per run) and prints a table.
+Saves benchmarks/results/serving.json (vLLM's figures per run, and what each run added to
+the server's speculative counters) and prints a table.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,13 @@ FIGURES = (
     "completed",
     "failed",
 )
+# The server's counters each run adds to (0 where a server has none).
+COUNTERS = {
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "skipped_draft_steps": "vllm:specextend_skipped_draft_steps_total",
+    "catch_up_tokens": "vllm:specextend_catch_up_tokens_total",
+}
 
 
 def free_port() -> int:
@@ -111,6 +120,20 @@ def stop_server(server: subprocess.Popen[bytes]) -> None:
         server.wait(timeout=30)
 
 
+def server_counters(port: int) -> dict[str, float]:
+    """COUNTERS' totals on the server's /metrics, summed over their labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    names = {name: key for key, name in COUNTERS.items()}
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        key = names.get(series.split("{", 1)[0])
+        if key is not None:
+            totals[key] += float(value)
+    return totals
+
+
 def bench_serve(target: Path, port: int, prompts: Path, args: argparse.Namespace, concurrency: int, result: Path) -> dict[str, Any]:
     subprocess.run(
         [
@@ -144,10 +167,13 @@ def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any, wor
                 wait_until_ready(server, port)
                 for concurrency in args.concurrency:
                     print(f"[serving] {method}: concurrency {concurrency}", flush=True)
+                    before = server_counters(port)
                     figures = bench_serve(target, port, prompts, args, concurrency, work / f"{method}_{concurrency}.json")
+                    after = server_counters(port)
                     rows.append(
                         {"method": method, "concurrency": concurrency, "length": args.length}
                         | {key: figures.get(key) for key in FIGURES}
+                        | {key: after[key] - before[key] for key in COUNTERS}
                     )
             finally:
                 stop_server(server)
