@@ -107,7 +107,8 @@ class SpecExtendConfig:
         nothing does not run the draft; the next step that drafts first writes the
         draft's KV of the tokens it missed, in one pass.
     draft_prefill: when the draft writes its KV of a prompt. `eager`: with the target's
-        prefill, before the first token. `deferred`: not in steps that only prefill; the
+        prefill, before the first token, unless that step drafts nothing (then as
+        `deferred`). `deferred`: not in steps that only prefill; the
         request's first drafting step writes it, after the first token (the first token
         comes as soon as without speculation; the second one later by the draft's prefill).
     draft_prefill_window: how much of a prompt the draft attends to while it writes its

@@ -370,15 +370,15 @@ class SpecExtendProposer(DraftModelProposer):
         target_positions: torch.Tensor,
         metadata: Any,
     ) -> bool:
-        """Whether the step skips the draft: where it drafts nothing and no request
-        prefills, or, with `draft_prefill: deferred`, where every request prefills. A step
-        that runs it first writes the draft's KV of the tokens its requests missed."""
-        num_reqs = metadata.num_reqs
-        query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
-        prefilling = self._writes_prompt_kv(query_lens)
-        skips = (num_speculative_tokens == 0 and not bool(prefilling.any())) or (
-            self.method_config.draft_prefill == "deferred" and bool(prefilling.all())
-        )
+        """Whether the step skips the draft: where it drafts nothing (its prefills too: a
+        request that never drafts never pays the draft's prefill), or, with `draft_prefill:
+        deferred`, where every request prefills. A step that runs it first writes the
+        draft's KV of the tokens its requests missed."""
+        skips = num_speculative_tokens == 0
+        if not skips and self.method_config.draft_prefill == "deferred":
+            num_reqs = metadata.num_reqs
+            query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
+            skips = bool(self._writes_prompt_kv(query_lens).all())
         draft_lag = self.draft_lag
         assert draft_lag is not None
         if not skips and not draft_lag.may_lag:
