@@ -135,8 +135,7 @@ def hybrid_attention(
 
 class RandomDecoder:
     """A decoder of `shape` with random weights, forwarding q new tokens per request after a
-    KV cache of `context` tokens each (their K and V are written into the cache, as vLLM's
-    attention writes them before attending)."""
+    KV cache of `context` tokens each."""
 
     def __init__(
         self, shape: DecoderShape, device: torch.device, dtype: torch.dtype, compiled: bool

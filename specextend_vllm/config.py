@@ -108,9 +108,9 @@ class SpecExtendConfig:
         draft's KV of the tokens it missed, in one pass.
     draft_prefill: when the draft writes its KV of a prompt. `eager`: with the target's
         prefill, before the first token, unless that step drafts nothing (then as
-        `deferred`). `deferred`: not in steps that only prefill; the
-        request's first drafting step writes it, after the first token (the first token
-        comes as soon as without speculation; the second one later by the draft's prefill).
+        `deferred`). `deferred`: not in steps that only prefill; the request's first
+        drafting step writes it, after the first token (the first token comes as soon as
+        without speculation; the second one later by the draft's prefill).
     draft_prefill_window: how much of a prompt the draft attends to while it writes its
         KV of the prompt (its passes over more than `num_speculative_tokens` + 1 tokens of
         a request: prefills and catch-up passes). A number W: each piece of 4 KV blocks
