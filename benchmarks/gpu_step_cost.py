@@ -82,7 +82,9 @@ def attention_with_lse(
     mask: torch.Tensor | None = None,  # [M, N] bool, True: attends
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and its log-sum-exp ([B, Hkv, M, D], [B, Hkv, M] fp32): unmasked on a GPU
-    through FlashAttention (torch's), which returns it; otherwise in fp32 math."""
+    through FlashAttention (torch's), which returns it; otherwise in fp32 math. (The new
+    tokens' part is not `ops.tree_attention`, whose GPU reference indexes by a boolean mask,
+    which syncs with the host and cannot be captured in a CUDA graph.)"""
     if mask is None and query.is_cuda:
         output, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, 0.0, False, False, scale=scale
@@ -352,13 +354,10 @@ def step_model(
     (`shapes`: the target, the draft, the draft with the 32K vocabulary)."""
     target, draft, draft_32k_vocabulary = shapes
 
+    times = {(c["model"], c["context"], c["new_tokens"], c["batch"]): c["ms"] for c in cells}
+
     def ms(model: DecoderShape, context: int, new_tokens: int, batch: int) -> float:
-        [cell] = [
-            c for c in cells
-            if (c["model"], c["context"], c["new_tokens"], c["batch"])
-            == (model.name, context, new_tokens, batch)
-        ]
-        return float(cell["ms"])
+        return float(times[model.name, context, new_tokens, batch])
 
     rows = []
     nodes_per_depth = TREE_NODES // TREE_DEPTH
