@@ -123,14 +123,16 @@ def tree_attention_reference(
     probs = torch.exp(logits - lse[..., None].clamp(min=torch.finfo(torch.float32).min))
     padded_output = torch.einsum("rkgqj,rjkd->rqkgd", probs, padded_value)
 
-    output = query.new_zeros(num_tokens, num_q_heads, head_dim, dtype=torch.float32)
+    # Padding slots write to a spare last row, so every shape is known before the call
+    # (a CUDA graph can capture it).
+    token_rows = torch.where(is_token, rows, num_tokens).flatten()  # [R * L]
+    output = query.new_zeros(num_tokens + 1, num_q_heads, head_dim, dtype=torch.float32)
+    output[token_rows] = padded_output.reshape(-1, num_q_heads, head_dim)
     token_lse = torch.full(
-        (num_q_heads, num_tokens), float("-inf"), device=query.device, dtype=torch.float32
+        (num_q_heads, num_tokens + 1), float("-inf"), device=query.device, dtype=torch.float32
     )
-    token_rows = rows[is_token]
-    output[token_rows] = padded_output[is_token].reshape(-1, num_q_heads, head_dim)
-    token_lse[:, token_rows] = lse.permute(1, 2, 0, 3)[:, :, is_token].reshape(num_q_heads, -1)
-    return output, token_lse
+    token_lse[:, token_rows] = lse.permute(1, 2, 0, 3).reshape(num_q_heads, -1)
+    return output[:num_tokens], token_lse[:, :num_tokens]
 
 
 def attention_to_nodes(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from specextend_vllm.ops.tree_attention import (
     attention_to_nodes,
@@ -179,3 +180,53 @@ def test_attention_to_nodes_matches_dense_attention(num_q_heads: int, num_kv_hea
             flat = request * len(nodes) + row
             torch.testing.assert_close(output[flat], expected[0], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(lse[:, flat], expected_lse[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_reference_output_shapes_follow_from_input_shapes_alone() -> None:
+    """The reference runs on GPUs, where vLLM captures decoding steps in CUDA graphs: no
+    op whose output's shape depends on tensor values (boolean-mask indexing), which a
+    graph cannot replay. Fake tensors carry shapes without values and refuse such ops."""
+    query_lens = [5, 17, 1, 3]
+    mode = FakeTensorMode()
+    query, key, value, query_start_loc, mask = (
+        mode.from_tensor(t) for t in random_case(query_lens, torch.float32, seed=3)
+    )
+    with mode:
+        output, lse = tree_attention_reference(
+            query, key, value, query_start_loc, max(query_lens), 0.088, mask
+        )
+    assert output.shape == query.shape and lse.shape == (query.shape[1], query.shape[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_reference_replays_in_a_cuda_graph() -> None:
+    """Captured once, replayed on another step's values (same shapes): equal to eager."""
+    query_lens = [5, 17, 1, 3]
+    cases = [
+        [t.cuda() for t in random_case(query_lens, torch.bfloat16, seed)] for seed in (4, 5)
+    ]
+    static = [t.clone() for t in cases[0]]
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        query, key, value, query_start_loc, mask = static
+        return tree_attention_reference(
+            query, key, value, query_start_loc, max(query_lens), 0.088, mask
+        )
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output, lse = step()
+    for case in cases[::-1]:
+        for target, source in zip(static, case):
+            target.copy_(source)
+        graph.replay()
+        expected, expected_lse = tree_attention_reference(
+            *case[:4], max(query_lens), 0.088, case[4]
+        )
+        torch.testing.assert_close(output, expected)
+        torch.testing.assert_close(lse, expected_lse)
