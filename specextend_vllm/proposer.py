@@ -264,8 +264,14 @@ class SpecExtendProposer(DraftModelProposer):
         return self.method_config
 
     def num_tracked_requests(self) -> int:
-        """Requests holding retrieval state: those running or preempted, never finished ones."""
-        return 0 if self.planner is None else len(self.planner.state)
+        """Requests holding per-request state (retrieval, draft lag or tree slots): those
+        running or preempted, never finished ones."""
+        holders = (
+            None if self.planner is None else self.planner.state,
+            self.draft_lag,
+            self.tree_session,
+        )
+        return len(set().union(*(holder.request_ids for holder in holders if holder is not None)))
 
     def on_requests_changed(self, finished: set[str], restarted: set[str]) -> None:
         if self.planner is not None:

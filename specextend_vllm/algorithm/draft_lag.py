@@ -15,6 +15,7 @@ from them (a cache hit) catches up from the first flagged block.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import KeysView
 
 import numpy as np
 
@@ -120,6 +121,11 @@ class DraftLag:
         self.block_size = block_size
         self._request_slots = RequestSlots(max_requests)
         self._lagging_requests = False
+
+    @property
+    def request_ids(self) -> KeysView[str]:
+        """The requests holding a slot."""
+        return self._request_slots.request_ids
 
     @property
     def may_lag(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import KeysView
 from typing import cast
 
 
@@ -19,8 +20,9 @@ class RequestSlots:
         self._slot_by_request: dict[str, int] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
 
-    def __len__(self) -> int:
-        return len(self._slot_by_request)
+    @property
+    def request_ids(self) -> KeysView[str]:
+        return self._slot_by_request.keys()
 
     @property
     def num_free(self) -> int:

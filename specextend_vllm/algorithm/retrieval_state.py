@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import KeysView
+
 import torch
 
 from specextend_vllm.algorithm.request_slots import RequestSlots
@@ -32,8 +34,10 @@ class RetrievalState:
         self.drafted_reduced = torch.zeros(max_requests, dtype=torch.bool, device=device)
         self._request_slots = RequestSlots(max_requests)
 
-    def __len__(self) -> int:
-        return len(self._request_slots)
+    @property
+    def request_ids(self) -> KeysView[str]:
+        """The requests holding a slot."""
+        return self._request_slots.request_ids
 
     @property
     def num_free_slots(self) -> int:

@@ -11,7 +11,7 @@ request's longest matching path and leaves the step as the chain of that path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 from typing import Any
 
 import torch
@@ -137,6 +137,11 @@ class TreeSession:
         )
         self.verifier.leave_chain(paths, input_ids, positions, slot_mapping)
         return output
+
+    @property
+    def request_ids(self) -> KeysView[str]:
+        """The requests holding a slot."""
+        return self._request_slots.request_ids
 
     def forget(self, request_ids: list[str]) -> None:
         self._request_slots.free(request_ids)

@@ -104,6 +104,8 @@ def test_drafts_shorter_than_num_speculative_tokens_are_lossless(
     max_tokens, outputs, counts, stats = run_staggered(tiny_models["target"], config, prompts)
     assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
     assert stats["reduced_draft_steps"] > 0
+    assert (stats["compact_draft_steps"] > 0) == (keys["positions"] == "compact")
+    assert (stats["hybrid_verifications"] > 0) == (keys["verification_attention"] == "hybrid")
     # Every verification is seen as one: a step that verified more drafts than it drafts
     # next is not taken for a prefill.
     verified = stats["reduced_verified_drafts"] + stats["full_verified_drafts"]
@@ -275,6 +277,7 @@ def test_catching_up_stays_lossless_over_reduced_caches(
     max_tokens, outputs, _, stats = run_staggered(tiny_models["target"], config, prompts)
     assert outputs == [plain[:n] for plain, n in zip(plain_outputs, max_tokens)]
     assert stats["catch_up_passes"] >= 1 and stats["reduced_draft_steps"] > 0
+    assert (stats["compact_draft_steps"] > 0) == (keys["positions"] == "compact")
 
 
 @pytest.mark.parametrize("max_num_batched_tokens", [None, 64], ids=["one_pass", "two_pieces"])
@@ -296,6 +299,7 @@ def test_a_deferred_draft_prefill_is_written_at_the_first_drafting_step(
     assert run.outputs == plain
     assert run.stats["catch_up_tokens"] == len(prompt[0])
     assert run.stats["catch_up_passes"] == (1 if max_num_batched_tokens is None else 2)
+    assert run.counts["num_draft_tokens"] >= NUM_SPECULATIVE_TOKENS * 8
     assert run.counts["num_accepted_tokens"] >= 0.9 * run.counts["num_draft_tokens"]
 
 
@@ -312,14 +316,17 @@ def test_a_prefix_cached_prompt_whose_draft_kv_was_never_written_is_caught_up(
     config = specextend_config(tiny_models["target"], policy="full", draft_prefill="deferred")
     prompt = prompts[2:3]
 
-    def run(llm: Any) -> tuple[list[list[int]], dict[str, float], dict[str, Any]]:
+    def run(llm: Any) -> tuple[list[list[int]], dict[str, float], dict[str, Any], float]:
         generate_ids(llm, prompt, 1)
         outputs = generate_ids(llm, prompt, LONG_OUTPUT_TOKENS)
-        return outputs, spec_decode_counts(llm), retrieval_stats(llm)[0]
+        hits = [m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits"]
+        return outputs, spec_decode_counts(llm), retrieval_stats(llm)[0], hits[0]
 
-    outputs, counts, stats = on_engine(tiny_models["target"], config, run)
+    outputs, counts, stats, prefix_cache_hits = on_engine(tiny_models["target"], config, run)
     assert outputs == decode(tiny_models["target"], prompt, LONG_OUTPUT_TOKENS).outputs
+    assert prefix_cache_hits >= len(prompt[0]) - BLOCK_SIZE
     assert stats["catch_up_tokens"] >= len(prompt[0]) - BLOCK_SIZE
+    assert counts["num_draft_tokens"] >= NUM_SPECULATIVE_TOKENS * 8
     assert counts["num_accepted_tokens"] >= 0.9 * counts["num_draft_tokens"]
 
 

@@ -137,6 +137,8 @@ def test_no_request_state_outlives_a_thousand_requests(
         finished = run_engine_until_done(engine, abort_after_steps=1, to_abort=to_abort)
         aborted |= to_abort
         assert len(finished) == 98
+        if start == 200:
+            [tensors_after_300] = llm.collective_rpc(_num_live_tensors)
     stats = retrieval_stats(llm)[0]
     assert stats["compact_draft_steps"] > 0 and stats["retrievals"] >= 900
     # Workers learn of finished requests at the next step: run one more request.
@@ -145,12 +147,30 @@ def test_no_request_state_outlives_a_thousand_requests(
     assert retrieval_stats(llm)[0]["tracked_requests"] <= 1
     [free_slots] = llm.collective_rpc(_free_retrieval_slots)
     assert free_slots >= engine.vllm_config.scheduler_config.max_num_seqs - 1
+    [tensors_after_1001] = llm.collective_rpc(_num_live_tensors)
+    assert tensors_after_1001 <= tensors_after_300 + 16, (tensors_after_300, tensors_after_1001)
     del engine, llm
     gc.collect()
 
 
 def _free_retrieval_slots(worker: Any) -> int:
     return worker.model_runner.drafter.planner.state.num_free_slots
+
+
+def _num_live_tensors(worker: Any) -> int:
+    """Tensors the worker's Python objects reach (a tensor kept per finished request adds
+    one each), less those of the metrics' history of recent selections (bounded)."""
+    import torch
+
+    gc.collect()
+    history = {
+        id(item)
+        for selection in worker.model_runner.drafter.metrics._selections
+        for item in selection
+    }
+    return sum(
+        isinstance(item, torch.Tensor) and id(item) not in history for item in gc.get_objects()
+    )
 
 
 EDGE_REQUESTS = {

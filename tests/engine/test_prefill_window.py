@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from specextend_vllm import retrieval_stats
 from tests.harness import BLOCK_SIZE, MAX_TOKENS, on_engine, random_prompts, specextend_config
 
 pytestmark = pytest.mark.engine
@@ -35,9 +36,14 @@ def test_a_prompt_from_the_prefix_cache_drafts_as_in_its_first_prefill(
     )
 
     def run(llm: Any) -> list[Any]:
-        return [generate(llm, [prompt], MAX_TOKENS)[0][0] for _ in range(2)]
+        runs = []
+        for _ in range(2):
+            runs.append(generate(llm, [prompt], MAX_TOKENS)[0][0])
+            runs.append(retrieval_stats(llm)[0]["windowed_prompt_tokens"])
+        hits = [m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits"]
+        return [*runs, hits[0]]
 
-    first, cached = on_engine(
+    first, windowed_first, cached, windowed_both, prefix_cache_hits = on_engine(
         tiny_models["target"],
         config,
         run,
@@ -47,3 +53,10 @@ def test_a_prompt_from_the_prefix_cache_drafts_as_in_its_first_prefill(
     )
     assert first.tokens == cached.tokens
     assert cached.accepted_per_step == first.accepted_per_step
+    assert sum(first.accepted_per_step) > 0
+    # Most of the first prefill's draft passes cut their attention by the window; the
+    # second decode came from the prefix cache, and the draft computed (through the window)
+    # only the little the cache did not hold.
+    assert windowed_first > len(prompt) // 2
+    assert 0 < windowed_both - windowed_first < len(prompt) // 4
+    assert prefix_cache_hits >= len(prompt) - BLOCK_SIZE

@@ -3,6 +3,8 @@ preemption, bad requests, and memory and per-request state after many requests."
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 import torch
@@ -39,11 +41,13 @@ def mixed_requests() -> list[Request]:
 
 
 def metric_value(server: VllmServer, name: str) -> float:
+    """The sum of the samples named exactly `name`, over their labels (not those of
+    `name`_created and the like, which a prefix would match)."""
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith(name) and not line.startswith("#")
+        if re.match(rf"{re.escape(name)}[{{ ]", line)
     )
 
 
@@ -64,8 +68,8 @@ def test_concurrent_mixed_requests_are_lossless_and_the_server_keeps_serving(
     expected = run_all(servers["plain"].url, model, plain_requests, concurrency=16)
     assert [r.text for _, r in completed] == [e.text for e in expected]
 
-    assert metric_value(servers["specextend"], "vllm:num_preemptions") > 0
-    assert metric_value(servers["specextend"], "vllm:spec_decode_num_accepted_tokens") > 0
+    assert metric_value(servers["specextend"], "vllm:num_preemptions_total") > 0
+    assert metric_value(servers["specextend"], "vllm:spec_decode_num_accepted_tokens_total") > 0
     assert metric_value(servers["specextend"], "vllm:specextend_retrievals_total") > 0
     assert metric_value(servers["specextend"], "vllm:specextend_hybrid_verifications_total") > 0
     assert metric_value(servers["specextend"], "vllm:specextend_skipped_draft_steps_total") > 0
@@ -101,12 +105,17 @@ def test_bad_requests_get_a_4xx_and_the_server_stays_healthy(
 def test_memory_and_request_state_stay_flat_over_many_requests(
     servers: dict[str, VllmServer], serving_models: dict
 ) -> None:
+    """Over 1,000 short requests after 1,000 others the server's memory stays within 10%,
+    and no finished request keeps per-request state. vLLM's own server grows here too, in
+    steps of 10-50 MB (2-6% over such 1,000 requests, with or without the plugin), so this
+    catches a leak of about 150 KB a request or more; a tensor kept per request, of any
+    size, is `test_lifecycle`'s to catch."""
     server, model = servers["specextend"], str(serving_models["target"])
-    short = [Request(word_prompt(140 + i % 40, 1000 + i), max_tokens=4) for i in range(1000)]
-    assert all(r.status == 200 for r in run_all(server.url, model, short[:100], concurrency=16))
-    after_100 = server.processes_rss_bytes()
-    assert all(r.status == 200 for r in run_all(server.url, model, short[100:], concurrency=16))
+    short = [Request(word_prompt(140 + i % 40, 1000 + i), max_tokens=4) for i in range(2000)]
+    assert all(r.status == 200 for r in run_all(server.url, model, short[:1000], concurrency=16))
     after_1000 = server.processes_rss_bytes()
-    assert after_1000 <= 1.05 * after_100, (after_100, after_1000)
+    assert all(r.status == 200 for r in run_all(server.url, model, short[1000:], concurrency=16))
+    after_2000 = server.processes_rss_bytes()
+    assert after_2000 <= 1.10 * after_1000, (after_1000, after_2000)
     [stats] = server.worker_call("specextend_retrieval_stats")
     assert stats["retrievals"] > 0 and stats["tracked_requests"] == 0
