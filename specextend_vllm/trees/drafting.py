@@ -27,12 +27,13 @@ class DraftTreePass:
     R requests, W nodes each: nodes [W] their places in the node buffers; allowed
     [W, M] or [R, W, M] the buffer places each attends to (its ancestors and itself; the
     root is in the prefix); block_table [R, B] and prefix_lens [R] the context each
-    request's draft keeps; node_keys, node_values: per draft layer, [R, M, Hkv, D] the
+    request's draft keeps, max_seq_len the longest of them, on the host; node_keys, node_values: per draft layer, [R, M, Hkv, D] the
     keys and values of the nodes run so far.
     """
 
     num_actual_tokens: int
     max_query_len: int
+    max_seq_len: int
     query_start_loc: torch.Tensor
     block_table: torch.Tensor
     prefix_lens: torch.Tensor
@@ -95,7 +96,7 @@ class TreePasses:
     """Runs the draft over some nodes of every request's tree, one depth at a time.
 
     root_positions: [R]; reduced_block_table, reduced_prefix_lens: the context the
-    nodes attend to (through the root); forward(input_ids, positions, slot_mapping,
+    nodes attend to (through the root), max_prefix_len the longest, read once; forward(input_ids, positions, slot_mapping,
     tree_pass) -> hidden states; compute_logits: hidden -> logits. The nodes' keys and
     values stay in the node buffers: their KV slots are vLLM's padding slot, which the
     cache update skips.
@@ -104,6 +105,7 @@ class TreePasses:
     root_positions: torch.Tensor
     reduced_block_table: torch.Tensor
     reduced_prefix_lens: torch.Tensor
+    max_prefix_len: int
     node_keys: list[torch.Tensor]
     node_values: list[torch.Tensor]
     forward: DraftForward
@@ -126,7 +128,12 @@ class TreePasses:
             torch.zeros(num_reqs, num_buffer_nodes, num_kv_heads, head_dim, dtype=dtype, device=device)
             for _ in range(num_layers)
         ]
-        return cls(node_keys=node_keys, node_values=[torch.zeros_like(k) for k in node_keys], **fields)
+        return cls(
+            max_prefix_len=int(fields["reduced_prefix_lens"].max()),
+            node_keys=node_keys,
+            node_values=[torch.zeros_like(k) for k in node_keys],
+            **fields,
+        )
 
     def run(
         self,
@@ -143,6 +150,7 @@ class TreePasses:
         tree_pass = DraftTreePass(
             num_actual_tokens=num_tokens,
             max_query_len=width,
+            max_seq_len=self.max_prefix_len,
             query_start_loc=torch.arange(
                 0, num_tokens + 1, width, dtype=torch.int32, device=tokens.device
             ),

@@ -36,6 +36,7 @@ class SubBatch:
 
     num_actual_tokens: int
     max_query_len: int
+    max_seq_len: int
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     block_table: torch.Tensor
@@ -55,6 +56,7 @@ class SubBatch:
             cls(
                 num_tokens,
                 int(query_lens.max()),
+                batch.max_seq_len,
                 query_start_loc,
                 batch.seq_lens[requests],
                 batch.block_table[requests],

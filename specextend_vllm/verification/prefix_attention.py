@@ -20,6 +20,7 @@ class VerificationBatch(Protocol):
 
     num_actual_tokens: int
     max_query_len: int
+    max_seq_len: int  # on the host, at least every request's prefix length
     query_start_loc: torch.Tensor  # [R + 1] int32
     seq_lens: torch.Tensor  # [R] int32, prefix and new tokens
     block_table: torch.Tensor  # [R, W] int32
@@ -60,7 +61,9 @@ def flash_attn_prefix_attention(
     varlen_attention: Callable[..., Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention over the paged prefix (GPU layout), as vLLM's context-parallel path
-    calls it: no mask, `seqused_k` = prefix lengths, LSE returned as [Hq, T]."""
+    calls it: no mask, `seqused_k` = prefix lengths, LSE returned as [Hq, T]. Its longest
+    key sequence is the batch's host-side bound, so the call reads no tensor on the host
+    (a CUDA graph can capture it)."""
     varlen_attention = varlen_attention or flash_attn_varlen_func()
     num_reqs = prefix_lens.shape[0]
     output, lse = varlen_attention(
@@ -70,7 +73,7 @@ def flash_attn_prefix_attention(
         cu_seqlens_q=batch.query_start_loc[: num_reqs + 1],
         max_seqlen_q=batch.max_query_len,
         seqused_k=prefix_lens,
-        max_seqlen_k=int(prefix_lens.max()),
+        max_seqlen_k=batch.max_seq_len,
         softmax_scale=scale,
         causal=False,
         block_table=batch.block_table[:num_reqs],

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from specextend_vllm import ops
 from specextend_vllm.algorithm import kv_cache_layout
@@ -42,7 +43,7 @@ def flash_attn_stand_in(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     assert not causal and return_softmax_lse
     assert k.shape[1:] == (BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM) and max_seqlen_q == max(QUERY_LENS)
-    assert max_seqlen_k == max(PREFIX_LENS)
+    assert max_seqlen_k >= max(PREFIX_LENS)
     return ops.paged_prefix_attention_reference(
         q, k, v, block_table, seqused_k, cu_seqlens_q, softmax_scale
     )
@@ -87,6 +88,7 @@ def verification_batch(layout: str, seed: int = 0) -> dict[str, Any]:
         "batch": SimpleNamespace(
             num_actual_tokens=num_tokens,
             max_query_len=max(QUERY_LENS),
+            max_seq_len=max(seq_lens),
             query_start_loc=torch.tensor([0, *torch.tensor(QUERY_LENS).cumsum(0).tolist()], dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
             block_table=block_table,
@@ -133,6 +135,36 @@ def test_hybrid_verification_equals_causal_attention_over_the_whole_sequence(lay
     num_tokens = data["batch"].num_actual_tokens
     torch.testing.assert_close(output[:num_tokens], causal_attention(data, scale), rtol=1e-5, atol=1e-5)
     assert (output[num_tokens:] == 7.0).all()
+
+
+def test_the_gpu_layout_path_reads_no_tensor_on_the_host() -> None:
+    """On a GPU, vLLM may capture a verifying step in a CUDA graph, where reading a tensor
+    on the host fails. With fake tensors (shapes, no values) the FlashAttention-layout path
+    runs through, a stand-in of flash-attn's output shapes in its call's place. (The
+    longest prefix read from `prefix_lens` on the host, as before, fails here.)"""
+    data = verification_batch("flash_attn")
+    mode = FakeTensorMode()
+    query, key, value, raw = (mode.from_tensor(data[name]) for name in ("query", "key", "value", "raw"))
+    batch = SimpleNamespace(
+        **{
+            name: mode.from_tensor(field) if isinstance(field, torch.Tensor) else field
+            for name, field in vars(data["batch"]).items()
+        }
+    )
+
+    def output_shapes(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        q = kwargs["q"]
+        return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+    path = HybridVerificationAttention(
+        HEAD_DIM**-0.5,
+        max(QUERY_LENS),
+        lambda *args: flash_attn_prefix_attention(*args, varlen_attention=output_shapes),
+    )
+    with mode:
+        output = torch.empty_like(query)
+        path(query, key, value, raw, batch, output, None)
+    assert output.shape == query.shape
 
 
 def test_only_verification_batches_are_handled() -> None:
