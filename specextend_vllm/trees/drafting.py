@@ -27,8 +27,9 @@ class DraftTreePass:
     R requests, W nodes each: nodes [W] their places in the node buffers; allowed
     [W, M] or [R, W, M] the buffer places each attends to (its ancestors and itself; the
     root is in the prefix); block_table [R, B] and prefix_lens [R] the context each
-    request's draft keeps, max_seq_len the longest of them, on the host; node_keys, node_values: per draft layer, [R, M, Hkv, D] the
-    keys and values of the nodes run so far.
+    request's draft keeps, max_seq_len the longest of them, on the host; node_keys,
+    node_values: per draft layer, [R, M, Hkv, D] the keys and values of the nodes run so
+    far.
     """
 
     num_actual_tokens: int
@@ -96,8 +97,9 @@ class TreePasses:
     """Runs the draft over some nodes of every request's tree, one depth at a time.
 
     root_positions: [R]; reduced_block_table, reduced_prefix_lens: the context the
-    nodes attend to (through the root), max_prefix_len the longest, read once; forward(input_ids, positions, slot_mapping,
-    tree_pass) -> hidden states; compute_logits: hidden -> logits. The nodes' keys and
+    nodes attend to (through the root), max_prefix_len the longest, read once;
+    forward(input_ids, positions, slot_mapping, tree_pass) -> hidden states;
+    compute_logits: hidden -> logits. The nodes' keys and
     values stay in the node buffers: their KV slots are vLLM's padding slot, which the
     cache update skips.
     """

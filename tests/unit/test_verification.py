@@ -144,7 +144,9 @@ def test_the_gpu_layout_path_reads_no_tensor_on_the_host() -> None:
     longest prefix read from `prefix_lens` on the host, as before, fails here.)"""
     data = verification_batch("flash_attn")
     mode = FakeTensorMode()
-    query, key, value, raw = (mode.from_tensor(data[name]) for name in ("query", "key", "value", "raw"))
+    query, key, value, raw = (
+        mode.from_tensor(data[name]) for name in ("query", "key", "value", "raw")
+    )
     batch = SimpleNamespace(
         **{
             name: mode.from_tensor(field) if isinstance(field, torch.Tensor) else field
