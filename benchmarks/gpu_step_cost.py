@@ -82,9 +82,7 @@ def attention_with_lse(
     mask: torch.Tensor | None = None,  # [M, N] bool, True: attends
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and its log-sum-exp ([B, Hkv, M, D], [B, Hkv, M] fp32): unmasked on a GPU
-    through FlashAttention (torch's), which returns it; otherwise in fp32 math. (The new
-    tokens' part is not `ops.tree_attention`, whose GPU reference indexes by a boolean mask,
-    which syncs with the host and cannot be captured in a CUDA graph.)"""
+    through FlashAttention (torch's), which returns it; otherwise in fp32 math."""
     if mask is None and query.is_cuda:
         output, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, 0.0, False, False, scale=scale
