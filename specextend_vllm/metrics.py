@@ -49,6 +49,9 @@ class SpecExtendCounts:
     native_verifications: int = 0
     """Target forward passes that `verification_attention: auto` chose to verify on vLLM's
     attention."""
+    kernel_decode_steps: int = 0
+    """Plain decoding steps (no drafts) whose target attention `verification_attention: auto`
+    ran on the plugin's prefix kernel, measured faster there than vLLM's."""
     reduced_verified_drafts: int = 0
     """Draft tokens drafted on a reduced cache that the target verified."""
     reduced_accepted_drafts: int = 0
@@ -93,6 +96,7 @@ class SpecExtendCounts:
             "scorer_seconds": self.scorer_seconds,
             "hybrid_verifications": self.hybrid_verifications,
             "native_verifications": self.native_verifications,
+            "kernel_decode_steps": self.kernel_decode_steps,
             "reduced_verified_drafts": self.reduced_verified_drafts,
             "reduced_accepted_drafts": self.reduced_accepted_drafts,
             "full_verified_drafts": self.full_verified_drafts,
@@ -181,6 +185,9 @@ class RetrievalMetrics:
 
     def record_native_verification(self) -> None:
         self._new.native_verifications += 1
+
+    def record_kernel_decode_step(self) -> None:
+        self._new.kernel_decode_steps += 1
 
     def record_scoring(self, seconds: float) -> None:
         self._new.scorer_calls += 1

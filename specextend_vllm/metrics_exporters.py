@@ -53,6 +53,11 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:specextend_native_verifications",
         "Target forward passes that verification_attention auto chose to verify on vLLM's attention.",
     ),
+    "kernel_decode_steps": (
+        "vllm:specextend_kernel_decode_steps",
+        "Plain decoding steps whose target attention verification_attention auto ran on "
+        "the plugin's prefix kernel.",
+    ),
     "reduced_verified_drafts": (
         "vllm:specextend_reduced_verified_drafts",
         "Draft tokens drafted on a reduced cache that the target verified.",
@@ -130,6 +135,7 @@ class SpecExtendLogging:
                 "Engine %03d: SpecExtend metrics: Retrievals: %d, Reduced draft steps: %d "
                 "(compact positions: %d), Full draft steps: %d, Mean kept tokens: %.1f of "
                 "%.1f context tokens, Scorer: %d calls, %.3f s, Verifications: %d hybrid, %d native, "
+                "Plain decoding steps on the prefix kernel: %d, "
                 "Accepted drafts: %d of %d on reduced caches, %d of %d on full caches, "
                 "Skipped draft steps: %d, Catch-up: %d passes, %d tokens, Copied prompt tokens: %d, "
                 "Windowed prompt tokens: %d",
@@ -144,6 +150,7 @@ class SpecExtendLogging:
                 counts.scorer_seconds,
                 counts.hybrid_verifications,
                 counts.native_verifications,
+                counts.kernel_decode_steps,
                 counts.reduced_accepted_drafts,
                 counts.reduced_verified_drafts,
                 counts.full_accepted_drafts,

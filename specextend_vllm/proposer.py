@@ -192,6 +192,7 @@ class SpecExtendProposer(DraftModelProposer):
             self.device,
             self.metrics.record_hybrid_verification,
             self.metrics.record_native_verification,
+            self.metrics.record_kernel_decode_step,
             self.tree_session,
         )
         self.verification.find_blockers()

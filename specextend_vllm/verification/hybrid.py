@@ -3,8 +3,9 @@
 A verification step's tokens attend to (1) their request's cached prefix, with no mask:
 one paged-attention call that also returns its log-sum-exp, and (2) each other, under a
 causal mask for a chain (an ancestor mask for a tree), from their own keys and values;
-(3) the two parts merge exactly by their LSEs. Prefill rows, plain decoding and the
-draft's layers stay on vLLM's kernel.
+(3) the two parts merge exactly by their LSEs. Prefill rows and the draft's layers stay on
+vLLM's kernel; plain decoding steps (one token per request) compute the same three parts
+where `verification_attention: auto` measures them faster (`verification.measured`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,20 @@ class HybridVerificationAttention:
             output[rows] = sub_output
         if self._on_verification is not None:
             self._on_verification()
+        return output
+
+    def decode(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        raw_kv_cache: torch.Tensor,
+        batch: VerificationBatch,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        """A plain decoding step's attention (one new token per request), in the same three
+        parts: the prefix, the token itself, the merge."""
+        self._hybrid(query, key, value, raw_kv_cache, batch, output, None)
         return output
 
     def _hybrid(

@@ -1,7 +1,7 @@
 """Every target attention layer gets a hybrid verification path on its seam; whether the
 layers compute through it (`hybrid`), stay on vLLM's kernel (`native`) or take the faster
-of the two as measured per step (`measured`) follows `verification_attention` once the
-layers' backends and cache layouts are known."""
+of the two as measured per step (`measured`, which measures plain decoding steps too)
+follows `verification_attention` once the layers' backends and cache layouts are known."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ class VerificationRouting:
     """target_layers: the target's attention layers; max_verified_tokens: drafts + 1 per
     request; on_verification: called once per hybrid verification (first layer only);
     on_native_verification: called once per verification on vLLM's attention that
-    `measured` chose; tree_masks: with token trees, who holds the step's masks."""
+    `measured` chose; on_kernel_decode: once per plain decoding step that `measured` ran on
+    the prefix kernel; tree_masks: with token trees, who holds the step's masks."""
 
     def __init__(
         self,
@@ -42,6 +43,7 @@ class VerificationRouting:
         device: torch.device,
         on_verification: Callable[[], None],
         on_native_verification: Callable[[], None],
+        on_kernel_decode: Callable[[], None],
         tree_masks: TreeMasks | None,
     ):
         prefix_attention = prefix_attention_for(device)
@@ -61,6 +63,7 @@ class VerificationRouting:
             for index, layer in enumerate(target_layers)
         ]
         self._on_native_verification = on_native_verification
+        self._on_kernel_decode = on_kernel_decode
         self._blockers: list[str] = []
 
     def find_blockers(self) -> None:
@@ -83,9 +86,16 @@ class VerificationRouting:
         verification = config.exact_verification_attention(self._blockers, self.device_type)
         paths: list[AttentionPath | None]
         if verification == "measured":
-            step = MeasuredVerificationStep(VerificationChooser(), self._on_native_verification)
+            verification_step = MeasuredVerificationStep(
+                VerificationChooser(), on_native=self._on_native_verification
+            )
+            decoding_step = MeasuredVerificationStep(
+                VerificationChooser(), on_kernel=self._on_kernel_decode
+            )
             paths = [
-                MeasuredVerificationAttention(path, step, starts_step=index == 0)
+                MeasuredVerificationAttention(
+                    path, verification_step, decoding_step, starts_step=index == 0
+                )
                 for index, (_, path) in enumerate(self._paths)
             ]
         else:

@@ -93,6 +93,7 @@ def test_the_front_end_counts_equal_the_workers_totals(front_end: dict[str, Any]
         "scorer_calls",
         "hybrid_verifications",
         "native_verifications",
+        "kernel_decode_steps",
         "reduced_verified_drafts",
         "reduced_accepted_drafts",
         "full_verified_drafts",

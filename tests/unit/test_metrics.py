@@ -89,7 +89,8 @@ def test_the_log_line_sums_each_engines_counts_since_the_last_line() -> None:
     assert lines[1] == (
         "Engine 001: SpecExtend metrics: Retrievals: 2, Reduced draft steps: 4 (compact "
         "positions: 0), Full draft steps: 0, Mean kept tokens: 100.0 of 450.0 context tokens, "
-        "Scorer: 0 calls, 0.000 s, Verifications: 0 hybrid, 0 native, Accepted drafts: 0 of 0 on "
+        "Scorer: 0 calls, 0.000 s, Verifications: 0 hybrid, 0 native, Plain decoding steps on "
+        "the prefix kernel: 0, Accepted drafts: 0 of 0 on "
         "reduced caches, 0 of 0 on full caches, Skipped draft steps: 0, Catch-up: 0 passes, "
         "0 tokens, Copied prompt tokens: 0, Windowed prompt tokens: 0"
     )

@@ -49,11 +49,13 @@ def flash_attn_stand_in(
     )
 
 
-def verification_batch(layout: str, seed: int = 0) -> dict[str, Any]:
+def verification_batch(
+    layout: str, seed: int = 0, query_lens: list[int] = QUERY_LENS
+) -> dict[str, Any]:
     """Requests with a cached prefix and new tokens, whose keys and values are already
     in the cache (vLLM writes them before attention runs), in shuffled blocks."""
     generator = torch.Generator().manual_seed(seed)
-    seq_lens = [p + q for p, q in zip(PREFIX_LENS, QUERY_LENS)]
+    seq_lens = [p + q for p, q in zip(PREFIX_LENS, query_lens)]
     blocks_per_request = [-(-n // BLOCK_SIZE) for n in seq_lens]
     num_blocks = sum(blocks_per_request) + 2
     order = torch.randperm(num_blocks, generator=generator).tolist()
@@ -75,8 +77,8 @@ def verification_batch(layout: str, seed: int = 0) -> dict[str, Any]:
         values_view[blocks, positions % BLOCK_SIZE] = values
         dense_keys.append(keys)
         dense_values.append(values)
-    num_tokens = sum(QUERY_LENS)
-    new_rows = [slice(p, p + q) for p, q in zip(PREFIX_LENS, QUERY_LENS)]
+    num_tokens = sum(query_lens)
+    new_rows = [slice(p, p + q) for p, q in zip(PREFIX_LENS, query_lens)]
     padding = torch.zeros(PADDING_ROWS, NUM_KV_HEADS, HEAD_DIM)
     return {
         "raw": raw,
@@ -85,11 +87,12 @@ def verification_batch(layout: str, seed: int = 0) -> dict[str, Any]:
         "value": torch.cat([v[rows] for v, rows in zip(dense_values, new_rows)] + [padding]),
         "dense_keys": dense_keys,
         "dense_values": dense_values,
+        "query_lens": query_lens,
         "batch": SimpleNamespace(
             num_actual_tokens=num_tokens,
-            max_query_len=max(QUERY_LENS),
+            max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
-            query_start_loc=torch.tensor([0, *torch.tensor(QUERY_LENS).cumsum(0).tolist()], dtype=torch.int32),
+            query_start_loc=torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
             block_table=block_table,
         ),
@@ -104,7 +107,7 @@ def causal_attention(
     outputs = []
     start = 0
     for request, (prefix_len, query_len, keys, values) in enumerate(
-        zip(PREFIX_LENS, QUERY_LENS, data["dense_keys"], data["dense_values"])
+        zip(PREFIX_LENS, data["query_lens"], data["dense_keys"], data["dense_values"])
     ):
         query = data["query"][start : start + query_len]
         group = NUM_Q_HEADS // NUM_KV_HEADS
@@ -132,6 +135,19 @@ def test_hybrid_verification_equals_causal_attention_over_the_whole_sequence(lay
     output = torch.full_like(data["query"], 7.0)
     assert path.handles(data["batch"])
     path(data["query"], data["key"], data["value"], data["raw"], data["batch"], output, None)
+    num_tokens = data["batch"].num_actual_tokens
+    torch.testing.assert_close(output[:num_tokens], causal_attention(data, scale), rtol=1e-5, atol=1e-5)
+    assert (output[num_tokens:] == 7.0).all()
+
+
+def test_a_plain_decoding_step_on_the_kernel_equals_attention_over_the_whole_sequence() -> None:
+    """One new token a request (a request's first token after an empty prefix too)."""
+    data = verification_batch("cpu_vec", query_lens=[1] * len(PREFIX_LENS))
+    scale = HEAD_DIM**-0.5
+    path = HybridVerificationAttention(scale, max(QUERY_LENS), cpu_prefix_attention)
+    assert not path.handles(data["batch"])
+    output = torch.full_like(data["query"], 7.0)
+    path.decode(data["query"], data["key"], data["value"], data["raw"], data["batch"], output)
     num_tokens = data["batch"].num_actual_tokens
     torch.testing.assert_close(output[:num_tokens], causal_attention(data, scale), rtol=1e-5, atol=1e-5)
     assert (output[num_tokens:] == 7.0).all()

@@ -62,17 +62,49 @@ class FakeClock:
         return call
 
 
+class FakeHybrid:
+    """Hybrid attention's stand-in: verifies batches of 2 or more new tokens a request."""
+
+    def __init__(self, clock: FakeClock, verify_s: float, decode_s: float):
+        self.verify = clock.attention("hybrid", verify_s)
+        self.decode = clock.attention("kernel decode", decode_s)
+
+    def handles(self, batch: SimpleNamespace) -> bool:
+        return batch.max_query_len >= 2
+
+    def __call__(self, *args: object) -> None:
+        self.verify(*args)
+
+
+def measured_layers(clock: FakeClock, num_layers: int, verify_s: float, decode_s: float) -> tuple[
+    list[MeasuredVerificationAttention], MeasuredVerificationStep, MeasuredVerificationStep, list[str]
+]:
+    """num_layers layers sharing a verification step and a decoding step; the callbacks'
+    calls are noted."""
+    calls: list[str] = []
+    verification_step = MeasuredVerificationStep(
+        VerificationChooser(), on_native=lambda: calls.append("native verification"),
+        clock=lambda: clock.now,
+    )
+    decoding_step = MeasuredVerificationStep(
+        VerificationChooser(), on_kernel=lambda: calls.append("kernel decode"),
+        clock=lambda: clock.now,
+    )
+    layers = []
+    for index in range(num_layers):
+        hybrid = FakeHybrid(clock, verify_s, decode_s)
+        layer = MeasuredVerificationAttention(
+            hybrid, verification_step, decoding_step, starts_step=index == 0  # type: ignore[arg-type]
+        )
+        layers.append(layer)
+    return layers, verification_step, decoding_step, calls
+
+
 def test_a_step_runs_every_layer_one_way_and_is_timed_over_all_layers() -> None:
     """Hybrid attention takes 4 ms a layer, vLLM's 1 ms; 3 layers."""
     clock = FakeClock()
-    step = MeasuredVerificationStep(VerificationChooser(), lambda: None, clock=lambda: clock.now)
-    layers = []
-    for index in range(3):
-        hybrid = SimpleNamespace(handles=lambda batch: True)
-        layer = MeasuredVerificationAttention(hybrid, step, starts_step=index == 0)  # type: ignore[arg-type]
-        layer.hybrid = clock.attention("hybrid", 0.004)  # type: ignore[assignment]
-        layers.append(layer)
-    batch = SimpleNamespace(seq_lens=torch.tensor([1500, 1600]))
+    layers, step, _, calls = measured_layers(clock, 3, verify_s=0.004, decode_s=0.0)
+    batch = SimpleNamespace(seq_lens=torch.tensor([1500, 1600]), max_query_len=5)
     tensor = torch.zeros(1)
     for _ in range(MEASURING_STEPS + 1):
         for layer in layers:
@@ -84,3 +116,34 @@ def test_a_step_runs_every_layer_one_way_and_is_timed_over_all_layers() -> None:
     assert bucket.first.samples == bucket.second.samples == SCHEDULE.min_samples
     assert abs(bucket.first.step_s.value - 0.012) < 1e-9 and abs(bucket.second.step_s.value - 0.003) < 1e-9
     assert step.chooser.verifies_natively(context_bucket(3100))
+    assert calls == ["native verification"] * 5
+
+
+def test_plain_decoding_steps_choose_on_their_own_between_the_kernel_and_vllms() -> None:
+    """Verification steps and plain decoding steps (one token a request) alternate in the
+    same context bucket: hybrid verification takes 4 ms a layer against vLLM's 1 ms, the
+    kernel's decoding 1 ms against vLLM's 3 ms. Each kind keeps its own faster way."""
+    clock = FakeClock()
+    layers, verification_step, decoding_step, calls = measured_layers(
+        clock, 2, verify_s=0.004, decode_s=0.001
+    )
+    verifying = SimpleNamespace(seq_lens=torch.tensor([3000]), max_query_len=5)
+    decoding = SimpleNamespace(seq_lens=torch.tensor([3000]), max_query_len=1)
+    tensor = torch.zeros(1)
+    steps = 3 * MEASURING_STEPS
+    for _ in range(steps):
+        for batch, native_s in ((verifying, 0.001), (decoding, 0.003)):
+            for layer in layers:
+                layer(tensor, tensor, tensor, tensor, batch, tensor, clock.attention("native", native_s))
+    ways = [clock.ways[i] for i in range(0, len(clock.ways), 2)]
+    verification_ways, decoding_ways = ways[0::2], ways[1::2]
+    # After measuring, each kind explores the other way for a few steps only.
+    settled = steps - MEASURING_STEPS - 2 * SCHEDULE.exploration_steps
+    assert verification_ways[MEASURING_STEPS:].count("native") >= settled
+    assert decoding_ways[MEASURING_STEPS:].count("kernel decode") >= settled
+    verified = verification_step.chooser.buckets[context_bucket(3000)]
+    decoded = decoding_step.chooser.buckets[context_bucket(3000)]
+    assert verified.first.step_s.value > verified.second.step_s.value  # hybrid 8 ms, vLLM 2 ms
+    assert decoded.first.step_s.value < decoded.second.step_s.value  # kernel 2 ms, vLLM 6 ms
+    assert calls.count("kernel decode") == decoding_ways.count("kernel decode")
+    assert calls.count("native verification") == verification_ways.count("native")
