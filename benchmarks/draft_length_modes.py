@@ -9,10 +9,12 @@ faster stretch of the machine falls on every mode alike, which engines run one a
 other cannot give (two engines of the 1.5B fp32 target do not fit in 24 GB side by side).
 The chooser keeps what it learned from one prompt to the next, as in the speed suite.
 `plain` is no speculation within the same engine; `fixed4` drafts as `draft_model` does,
-on the method's reduced cache.
+on the method's reduced cache. `plain_vllm_attention` is `plain` with its steps' attention
+held on vLLM's decode kernel (`plain` takes the plugin's prefix kernel where
+`verification_attention: auto` measures it faster).
 
     python -m benchmarks.draft_length_modes [--genres essays fiction code dialogue]
-        [--skip-texts 2] [--length 8192] [--rounds 4] [--compiled] [--output NAME]
+        [--skip-texts 2] [--length 8192] [--rounds 4] [--modes ...] [--compiled] [--output NAME]
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ from benchmarks import engine
 from benchmarks.genres import GENRES, genre_texts
 
 # Mode name -> drafts per step, None for the chooser's own.
-MODES: dict[str, int | None] = {"auto": None, "plain": 0, "fixed4": 4, "fixed2": 2}
+MODES: dict[str, int | None] = {
+    "auto": None, "plain": 0, "plain_vllm_attention": 0, "fixed4": 4, "fixed2": 2
+}
+# Modes whose plain decoding steps attend on vLLM's kernel whatever `auto` measures.
+VLLM_DECODE_ATTENTION_MODES = {"plain_vllm_attention"}
 
 
 def draft_length_chooser(llm: Any) -> Any:
@@ -55,6 +61,48 @@ def fixed_draft_length(chooser: Any, num_drafts: int | None) -> Iterator[None]:
         chooser.lookup[:] = kept
 
 
+def hold_decode_attention_on_vllm(worker: Any, hold: bool) -> None:
+    """Pins (or frees) the choice of plain decoding steps' attention of `verification_attention:
+    auto` on one rank: vLLM's kernel, its measurements paused."""
+    decoding_chooser = worker.model_runner.drafter.verification.decoding_chooser
+    if hold:
+        decoding_chooser.verifies_natively = lambda bucket_index: True
+        decoding_chooser.record_step = lambda *args: None
+    else:
+        del decoding_chooser.verifies_natively, decoding_chooser.record_step
+
+
+@contextlib.contextmanager
+def decode_attention(llm: Any, on_vllm: bool) -> Iterator[None]:
+    if not on_vllm:
+        yield
+        return
+    llm.collective_rpc(hold_decode_attention_on_vllm, args=(True,))
+    try:
+        yield
+    finally:
+        llm.collective_rpc(hold_decode_attention_on_vllm, args=(False,))
+
+
+def decode_attention_state(worker: Any) -> dict[int, dict[str, float]]:
+    """Per context bucket of plain decoding steps (`algorithm.verification_choice`): the
+    attention time of a step on each kernel (ms, the median of its recent steps) and how
+    many steps measured it."""
+    decoding_chooser = worker.model_runner.drafter.verification.decoding_chooser
+    if decoding_chooser is None:
+        return {}
+    return {
+        index: {
+            "kernel_ms": 1000 * bucket.first.step_s.value,
+            "vllm_ms": 1000 * bucket.second.step_s.value,
+            "kernel_steps": bucket.first.samples,
+            "vllm_steps": bucket.second.samples,
+        }
+        for index, bucket in enumerate(decoding_chooser.buckets)
+        if bucket.first.samples and bucket.second.samples
+    }
+
+
 def chooser_state(chooser: Any) -> dict[str, Any]:
     """What the chooser holds: for a request alone, the length it keeps (0: no drafts),
     each measured length's step time (the median of its recent steps, ms) and number of
@@ -78,12 +126,14 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
     chooser = draft_length_chooser(llm)
     [first], _ = engine.generate(llm, [prompt], args.max_tokens)
     first_state = chooser_state(chooser)
-    decodes: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    decodes: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes}
     for round_index in range(args.rounds):
-        modes = list(MODES) if round_index % 2 == 0 else list(reversed(MODES))
+        modes = list(args.modes) if round_index % 2 == 0 else list(reversed(args.modes))
         for mode in modes:
             retrieval_before = engine.retrieval_counters(llm)
-            with fixed_draft_length(chooser, MODES[mode]):
+            with fixed_draft_length(chooser, MODES[mode]), decode_attention(
+                llm, mode in VLLM_DECODE_ATTENTION_MODES
+            ):
                 [request], _ = engine.generate(llm, [prompt], args.max_tokens)
             reduced_steps, _ = engine.reduced_steps_between(
                 retrieval_before, engine.retrieval_counters(llm)
@@ -102,6 +152,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                 }
             )
     return {
+        "decode_attention": llm.collective_rpc(decode_attention_state)[0],
         "first_decode_s": first.decode_s,
         "ttft_s": first.ttft_s,
         "first_drafted_per_step": first.drafted_per_step,
@@ -144,9 +195,15 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192, help="prompt tokens")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--modes", nargs="+", choices=list(MODES), default=[m for m in MODES if m not in VLLM_DECODE_ATTENTION_MODES],
+        help="the modes each round decodes in (plain among them)",
+    )
     parser.add_argument("--compiled", action="store_true", help="vLLM's default compiled mode")
     parser.add_argument("--output", default="draft_length_modes")
     args = parser.parse_args()
+    if "plain" not in args.modes:
+        parser.error("--modes must include plain: every mode is compared with it")
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     _, target = qwen_pair()

@@ -24,7 +24,7 @@ import torch
 
 from specextend_vllm.algorithm.block_twins import BlockTwins, TwinCopies, twin_copies
 from specextend_vllm.algorithm.draft_lag import CatchUp, DraftLag, StepTokens
-from specextend_vllm.algorithm.draft_vocab import scatter_kept_logits
+from specextend_vllm.algorithm.draft_vocab import KeptVocabLogits
 from specextend_vllm.algorithm.kv_cache_layout import copy_blocks
 from specextend_vllm.algorithm.prefill_window import SINK_BLOCKS, windowed_rows
 from specextend_vllm.algorithm.positions import DraftRotation, WorkingCopies
@@ -145,9 +145,8 @@ class SpecExtendProposer(DraftModelProposer):
             )
         else:
             kept_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-            kept_logits = layers.lm_head_logits(self.model, kept_ids, int8)
-            self.model.compute_logits = lambda hidden_states: scatter_kept_logits(
-                kept_logits(hidden_states), kept_ids, vocab_size
+            self.model.compute_logits = KeptVocabLogits(
+                layers.lm_head_logits(self.model, kept_ids, int8), kept_ids, vocab_size
             )
         logger.info(
             "SpecExtend draft LM head: %d of %d tokens, %s",

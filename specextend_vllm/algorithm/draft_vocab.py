@@ -11,6 +11,8 @@ probabilities, 0 outside the kept tokens).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -22,3 +24,22 @@ def scatter_kept_logits(kept_logits: torch.Tensor, kept_ids: torch.Tensor, vocab
     """
     logits = kept_logits.new_full((kept_logits.shape[0], vocab_size), float("-inf"))
     return logits.index_copy_(1, kept_ids, kept_logits)
+
+
+class KeptVocabLogits:
+    """The draft's logits from the kept rows only: hidden states [T, H] -> [T, vocab_size]
+    logits, `kept_logits` ([T, H] -> [T, N], the kept rows' product) scattered to their
+    token ids `kept_ids` [N], -inf elsewhere."""
+
+    def __init__(
+        self,
+        kept_logits: Callable[[torch.Tensor], torch.Tensor],
+        kept_ids: torch.Tensor,
+        vocab_size: int,
+    ):
+        self.kept_logits = kept_logits
+        self.kept_ids = kept_ids
+        self.vocab_size = vocab_size
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return scatter_kept_logits(self.kept_logits(hidden_states), self.kept_ids, self.vocab_size)

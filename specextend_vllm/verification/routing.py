@@ -65,6 +65,8 @@ class VerificationRouting:
         self._on_native_verification = on_native_verification
         self._on_kernel_decode = on_kernel_decode
         self._blockers: list[str] = []
+        self.decoding_chooser: VerificationChooser | None = None
+        """Under `measured`: the choice of plain decoding steps' attention."""
 
     def find_blockers(self) -> None:
         """What keeps hybrid attention from verifying exactly, read off the target's
@@ -89,8 +91,9 @@ class VerificationRouting:
             verification_step = MeasuredVerificationStep(
                 VerificationChooser(), on_native=self._on_native_verification
             )
+            self.decoding_chooser = VerificationChooser()
             decoding_step = MeasuredVerificationStep(
-                VerificationChooser(), on_kernel=self._on_kernel_decode
+                self.decoding_chooser, on_kernel=self._on_kernel_decode
             )
             paths = [
                 MeasuredVerificationAttention(
@@ -99,6 +102,7 @@ class VerificationRouting:
                 for index, (_, path) in enumerate(self._paths)
             ]
         else:
+            self.decoding_chooser = None
             paths = [path if verification == "hybrid" else None for _, path in self._paths]
         for (seam, _), path in zip(self._paths, paths):
             seam.compute_with(path)

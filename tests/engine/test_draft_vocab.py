@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.harness import MAX_TOKENS, decode, specextend_config, two_tensor_parallel_ranks
+from specextend_vllm import retrieval_stats
+from tests.harness import (
+    MAX_TOKENS,
+    EngineRun,
+    decode,
+    generate_ids,
+    on_engine,
+    spec_decode_counts,
+    specextend_config,
+    two_tensor_parallel_ranks,
+)
 from tests.tiny_models import VOCAB_SIZE, save_cross_tokenizer_pair
 
 pytestmark = pytest.mark.engine
@@ -57,9 +68,20 @@ def test_a_draft_keeping_the_output_tokens_drafts_trees_and_has_them_accepted(
         num_speculative_tokens=6,
         tree_max_depth=3,
     )
-    run = decode(tiny_models["target"], prompts, MAX_TOKENS, config)
+    def run_and_read_kept_rows(llm: Any) -> tuple[EngineRun, list[str]]:
+        outputs = generate_ids(llm, prompts, MAX_TOKENS)
+        run = EngineRun(outputs, spec_decode_counts(llm), retrieval_stats(llm)[0])
+        return run, llm.collective_rpc(kept_rows_product)
+
+    run, products = on_engine(tiny_models["target"], config, run_and_read_kept_rows)
     assert run.outputs == plain_outputs
     assert run.counts["num_accepted_tokens"] > 0 and run.stats["reduced_accepted_drafts"] > 0
+    assert products == ["Int8RowsLogits" if draft_lm_head == "int8" else "function"]
+
+
+def kept_rows_product(worker: Any) -> str:
+    """What multiplies the draft's kept LM head rows: the int8 rows or the GEMM as loaded."""
+    return type(worker.model_runner.drafter.model.compute_logits.kept_logits).__name__
 
 
 def test_two_tensor_parallel_ranks_gather_the_kept_rows_of_their_vocabulary_slices(
