@@ -96,9 +96,11 @@ class SpecExtendConfig:
         the two parts merge exactly). `native`: vLLM's attention backend. `auto`: on
         CPU, whichever of the two measures faster per size of the batch's context (vLLM's
         kernel does not split a multi-token query over a long prefix across threads:
-        hybrid wins on long contexts, vLLM's on short ones; `algorithm.verification_choice`);
-        native on GPU, where FlashAttention already verifies a chain causally at full
-        speed. Token trees are verified by hybrid attention.
+        hybrid wins on long contexts, vLLM's on short ones; `algorithm.verification_choice`),
+        and, with a choice of its own, the faster of the plugin's prefix kernel and vLLM's
+        decode attention for plain decoding steps (no drafts); native on GPU, where
+        FlashAttention already verifies a chain causally at full speed. Token trees are
+        verified by hybrid attention.
     drafting: `auto` drafts, per batch size, the number of tokens per step (0 to
         `num_speculative_tokens`; a tree all or none) that decodes most tokens per second,
         from the measured step times and acceptance (vLLM's
