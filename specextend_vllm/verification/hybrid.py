@@ -115,12 +115,12 @@ class HybridVerificationAttention:
         tree_step = self._tree_step()
         if tree_step is None or batch.max_query_len <= self.max_verified_tokens:
             masks = None if tree_step is None else tree_step.masks
-            self._hybrid(query, key, value, raw_kv_cache, batch, output, masks)
+            self.attend(query, key, value, raw_kv_cache, batch, output, masks)
         else:
             backend()
             sub_batch, rows = SubBatch.of(batch, tree_step.tree_requests)
             sub_output = output.new_empty(rows.shape[0], *output.shape[1:])
-            self._hybrid(
+            self.attend(
                 query[rows], key[rows], value[rows], raw_kv_cache, sub_batch, sub_output,
                 tree_step.masks[tree_step.tree_requests],
             )
@@ -129,21 +129,7 @@ class HybridVerificationAttention:
             self._on_verification()
         return output
 
-    def decode(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        raw_kv_cache: torch.Tensor,
-        batch: VerificationBatch,
-        output: torch.Tensor,
-    ) -> torch.Tensor:
-        """A plain decoding step's attention (one new token per request), in the same three
-        parts: the prefix, the token itself, the merge."""
-        self._hybrid(query, key, value, raw_kv_cache, batch, output, None)
-        return output
-
-    def _hybrid(
+    def attend(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -153,6 +139,9 @@ class HybridVerificationAttention:
         output: torch.Tensor,
         masks: torch.Tensor | None,
     ) -> None:
+        """The three parts for every query token of `batch`: the prefix, the new tokens
+        under `masks` ([R, L, L] bool; None: causal), the merge. With one token per request
+        (a plain decoding step) the second part is the token itself."""
         num_tokens = batch.num_actual_tokens
         num_reqs = batch.seq_lens.shape[0]
         query_start_loc = batch.query_start_loc[: num_reqs + 1]

@@ -87,7 +87,7 @@ class MeasuredVerificationAttention:
         output: torch.Tensor,
         backend: Callable[[], Any],
     ) -> torch.Tensor:
-        verifies = self.hybrid.handles(batch)
+        verifies = not decodes(batch)
         step = self.verification_step if verifies else self.decoding_step
         if self.starts_step:
             step.start(batch)
@@ -97,6 +97,6 @@ class MeasuredVerificationAttention:
         elif verifies:
             self.hybrid(query, key, value, raw_kv_cache, batch, output, backend)
         else:
-            self.hybrid.decode(query, key, value, raw_kv_cache, batch, output)
+            self.hybrid.attend(query, key, value, raw_kv_cache, batch, output, None)
         step.add(step.clock() - started)
         return output

@@ -63,7 +63,7 @@ SLOWED_VERIFICATION_S = 0.02
 def first_layer_attention(worker: Any, way: str) -> tuple[Any, str]:
     """The object and attribute computing the first target layer's verification `way`."""
     seam, hybrid = worker.model_runner.drafter.verification._paths[0]
-    return (hybrid, "_hybrid") if way == "hybrid" else (seam, "backend_forward")
+    return (hybrid, "attend") if way == "hybrid" else (seam, "backend_forward")
 
 
 def slow_down(worker: Any, way: str) -> None:

@@ -147,7 +147,7 @@ def test_a_plain_decoding_step_on_the_kernel_equals_attention_over_the_whole_seq
     path = HybridVerificationAttention(scale, max(QUERY_LENS), cpu_prefix_attention)
     assert not path.handles(data["batch"])
     output = torch.full_like(data["query"], 7.0)
-    path.decode(data["query"], data["key"], data["value"], data["raw"], data["batch"], output)
+    path.attend(data["query"], data["key"], data["value"], data["raw"], data["batch"], output, None)
     num_tokens = data["batch"].num_actual_tokens
     torch.testing.assert_close(output[:num_tokens], causal_attention(data, scale), rtol=1e-5, atol=1e-5)
     assert (output[num_tokens:] == 7.0).all()

@@ -67,7 +67,7 @@ class FakeHybrid:
 
     def __init__(self, clock: FakeClock, verify_s: float, decode_s: float):
         self.verify = clock.attention("hybrid", verify_s)
-        self.decode = clock.attention("kernel decode", decode_s)
+        self.attend = clock.attention("kernel decode", decode_s)
 
     def handles(self, batch: SimpleNamespace) -> bool:
         return batch.max_query_len >= 2
