@@ -52,6 +52,9 @@ COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
     "skipped_draft_steps": "vllm:specextend_skipped_draft_steps_total",
     "catch_up_tokens": "vllm:specextend_catch_up_tokens_total",
+    "unrepaid_drafting_steps": "vllm:specextend_unrepaid_drafting_steps_total",
+    "prompt_pass_tokens": "vllm:specextend_prompt_pass_tokens_total",
+    "prompt_pass_seconds": "vllm:specextend_prompt_pass_seconds_total",
 }
 
 

@@ -74,6 +74,15 @@ class SpecExtendCounts:
     windowed_prompt_tokens: int = 0
     """Tokens of the draft's passes over prompts (and catch-up passes) that attended to
     the sink block and `draft_prefill_window`, not to everything before them."""
+    prompt_pass_tokens: int = 0
+    """Tokens of the draft's passes of PROMPT_PASS_MIN_TOKENS or more (its prefills and
+    catch-up passes)."""
+    prompt_pass_seconds: float = 0.0
+    """Wall clock of those passes, seconds."""
+    unrepaid_drafting_steps: int = 0
+    """Request steps run without drafts where `drafting: auto` would have drafted: in a
+    batch, the tokens its requests may still decode would not repay the draft's pending
+    work on their prompts (`algorithm.prompt_work`)."""
 
     def add(self, other: SpecExtendCounts) -> None:
         for field in dataclasses.fields(self):
@@ -106,6 +115,9 @@ class SpecExtendCounts:
             "catch_up_tokens": self.catch_up_tokens,
             "copied_prompt_tokens": self.copied_prompt_tokens,
             "windowed_prompt_tokens": self.windowed_prompt_tokens,
+            "prompt_pass_tokens": self.prompt_pass_tokens,
+            "prompt_pass_seconds": self.prompt_pass_seconds,
+            "unrepaid_drafting_steps": self.unrepaid_drafting_steps,
         }
 
 
@@ -176,6 +188,13 @@ class RetrievalMetrics:
     def record_catch_up(self, num_tokens: int) -> None:
         self._new.catch_up_passes += 1
         self._new.catch_up_tokens += num_tokens
+
+    def record_prompt_pass(self, num_tokens: int, seconds: float) -> None:
+        self._new.prompt_pass_tokens += num_tokens
+        self._new.prompt_pass_seconds += seconds
+
+    def record_unrepaid_drafting_step(self, num_reqs: int) -> None:
+        self._new.unrepaid_drafting_steps += num_reqs
 
     def record_copied_prompt_tokens(self, num_tokens: int) -> None:
         self._new.copied_prompt_tokens += num_tokens

@@ -94,6 +94,19 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:specextend_windowed_prompt_tokens",
         "Tokens whose draft pass over the prompt attended through draft_prefill_window.",
     ),
+    "prompt_pass_tokens": (
+        "vllm:specextend_prompt_pass_tokens",
+        "Tokens of the draft's passes over prompts (prefills and catch-up passes).",
+    ),
+    "prompt_pass_seconds": (
+        "vllm:specextend_prompt_pass_seconds",
+        "Wall-clock seconds of the draft's passes over prompts.",
+    ),
+    "unrepaid_drafting_steps": (
+        "vllm:specextend_unrepaid_drafting_steps",
+        "Request steps in a batch run without drafts because the tokens left to decode "
+        "would not repay the draft's pending prompt work.",
+    ),
 }
 
 
@@ -138,7 +151,8 @@ class SpecExtendLogging:
                 "Plain decoding steps on the prefix kernel: %d, "
                 "Accepted drafts: %d of %d on reduced caches, %d of %d on full caches, "
                 "Skipped draft steps: %d, Catch-up: %d passes, %d tokens, Copied prompt tokens: %d, "
-                "Windowed prompt tokens: %d",
+                "Windowed prompt tokens: %d, Draft prompt passes: %d tokens, %.3f s, "
+                "Steps not drafted for the draft's prompt work: %d",
                 engine_idx,
                 counts.retrievals,
                 counts.reduced_draft_steps,
@@ -160,5 +174,8 @@ class SpecExtendLogging:
                 counts.catch_up_tokens,
                 counts.copied_prompt_tokens,
                 counts.windowed_prompt_tokens,
+                counts.prompt_pass_tokens,
+                counts.prompt_pass_seconds,
+                counts.unrepaid_drafting_steps,
             )
         self._since_last_log.clear()

@@ -131,3 +131,49 @@ def device_synchronizer(device: torch.device) -> Callable[[], None] | None:
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     return None
+
+
+# Draft passes of at least this many tokens (and more than a decoding step's 1 + k per
+# request) are passes over prompts: prefills and catch-up passes.
+PROMPT_PASS_MIN_TOKENS = 64
+
+
+class DraftPassClock:
+    """Times the draft model's forwards while `timing()` is open, always (not only with
+    `SPECEXTEND_STEP_TIMINGS`): the scheduler weighs the draft's passes over prompts by
+    their measured cost (`algorithm.prompt_work`). Yields (tokens, seconds) per forward.
+
+    >>> model = torch.nn.Identity()
+    >>> clock = DraftPassClock(model)
+    >>> with clock.timing() as passes:
+    ...     _ = model(torch.zeros(3)), model(torch.zeros(100))
+    >>> [tokens for tokens, _ in passes], model(torch.zeros(1)).shape[0], len(passes)
+    ([3, 100], 1, 2)
+    """
+
+    def __init__(self, model: torch.nn.Module, synchronize: Callable[[], None] | None = None):
+        self._synchronize = synchronize or (lambda: None)
+        self._passes: list[tuple[int, float]] | None = None
+        self._started = 0.0
+        model.register_forward_pre_hook(self._pass_started, with_kwargs=True)
+        model.register_forward_hook(self._pass_finished, with_kwargs=True)
+
+    @contextmanager
+    def timing(self) -> Iterator[list[tuple[int, float]]]:
+        self._passes = passes = []
+        try:
+            yield passes
+        finally:
+            self._passes = None
+
+    def _pass_started(self, module: object, args: tuple, kwargs: dict) -> None:
+        if self._passes is not None:
+            self._synchronize()
+            self._started = time.perf_counter()
+
+    def _pass_finished(self, module: object, args: tuple, kwargs: dict, output: object) -> None:
+        if self._passes is not None:
+            self._synchronize()
+            positions = kwargs.get("positions", args[0] if args else None)
+            assert isinstance(positions, torch.Tensor)
+            self._passes.append((positions.shape[-1], time.perf_counter() - self._started))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from specextend_vllm.algorithm.prefill_window import SINK_BLOCKS, windowed_rows
 from specextend_vllm.algorithm.positions import DraftRotation, WorkingCopies
 from specextend_vllm.config import KEYS_FIXED_AT_LOAD, METHOD_NAME, SpecExtendConfig
 from specextend_vllm.metrics import RetrievalMetrics
+from specextend_vllm.profiling import PROMPT_PASS_MIN_TOKENS, DraftPassClock, device_synchronizer
 from specextend_vllm.retrieval.planner import DraftGeometry, ReducedDraftView, RetrievalPlanner
 from specextend_vllm.final_layer_query import FinalLayerQuery
 from specextend_vllm.retrieval.scoring import ChunkScorer
@@ -76,6 +78,7 @@ class SpecExtendProposer(DraftModelProposer):
         self.max_drafts = vllm_config.speculative_config.num_speculative_tokens
         self.draft_lag: DraftLag | None = None
         self._block_twins: Mapping[str, BlockTwins] = {}
+        self._unrepaid_drafting = False
         self._kernel_blocks_per_block = 1
         self.planner: RetrievalPlanner | None = None
         self.tree_session: TreeSession | None = None
@@ -100,6 +103,7 @@ class SpecExtendProposer(DraftModelProposer):
     def load_model(self, target_model: Any) -> None:
         super().load_model(target_model)
         self._set_draft_logits()
+        self._draft_pass_clock = DraftPassClock(self.model, device_synchronizer(self.device))
         self._draft_layers = layers.attention_layers(self.vllm_config, self._draft_attn_layer_names)
         self._windows_prompts = all(attends_on_cpu_backend(layer) for layer in self._draft_layers)
         if self.method_config.prefill_window() is not None and not self._windows_prompts:
@@ -282,14 +286,58 @@ class SpecExtendProposer(DraftModelProposer):
         if self.draft_lag is not None:
             self.draft_lag.on_requests_changed(list(finished), list(restarted))
 
-    def note_block_twins(self, twins: Mapping[str, BlockTwins]) -> None:
+    def note_scheduled_step(self, twins: Mapping[str, BlockTwins], unrepaid_drafting: bool) -> None:
         """The cached twins the scheduler found of the blocks this step's requests compute
-        (`algorithm.block_twins`)."""
+        (`algorithm.block_twins`), and whether it took the step's drafts back because they
+        would not repay the draft's pending prompt work (`algorithm.prompt_work`)."""
         self._block_twins = twins
+        self._unrepaid_drafting = unrepaid_drafting
 
     # A draft step.
 
     def propose(
+        self,
+        num_speculative_tokens: int,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        token_indices_to_sample: torch.Tensor | None,
+        common_attn_metadata: Any,
+        sampling_metadata: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        num_reqs = common_attn_metadata.num_reqs
+        query_lens = np.diff(common_attn_metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
+        assert self.draft_lag is not None
+        times_passes = self.draft_lag.may_lag or bool(self._writes_prompt_kv(query_lens).any())
+        with self._draft_pass_clock.timing() if times_passes else nullcontext([]) as passes:
+            drafts = self._propose(
+                num_speculative_tokens,
+                target_token_ids,
+                target_positions,
+                target_hidden_states,
+                next_token_ids,
+                token_indices_to_sample,
+                common_attn_metadata,
+                sampling_metadata,
+                **kwargs,
+            )
+        self._record_prompt_passes(passes, num_reqs)
+        return drafts
+
+    def _record_prompt_passes(self, passes: list[tuple[int, float]], num_reqs: int) -> None:
+        """The step's draft passes over prompts: of PROMPT_PASS_MIN_TOKENS tokens or more,
+        and more than a decoding step's first pass (1 + k per request)."""
+        least = max(PROMPT_PASS_MIN_TOKENS, num_reqs * (self.max_drafts + 1) + 1)
+        prompt_passes = [(tokens, seconds) for tokens, seconds in passes if tokens >= least]
+        if prompt_passes:
+            self.metrics.record_prompt_pass(
+                sum(tokens for tokens, _ in prompt_passes),
+                sum(seconds for _, seconds in prompt_passes),
+            )
+
+    def _propose(
         self,
         num_speculative_tokens: int,
         target_token_ids: torch.Tensor,
@@ -331,6 +379,8 @@ class SpecExtendProposer(DraftModelProposer):
             batch_request_ids, num_speculative_tokens, target_positions, common_attn_metadata
         ):
             self.metrics.record_skipped_draft_step(num_reqs)
+            if self._unrepaid_drafting:
+                self.metrics.record_unrepaid_drafting_step(num_reqs)
             return torch.empty(
                 common_attn_metadata.batch_size(), 0, dtype=torch.int64, device=self.device
             )

@@ -60,7 +60,7 @@ class ProposerOverrides(VllmOverrides):
 class RequestLifecycle(VllmPatch):
     """Frees a request's retrieval state when it finishes or is aborted, and resets it
     when it resumes after preemption; hands the proposer the cached twins of the blocks
-    the step computes again."""
+    the step computes again, and whether the scheduler took the step's drafts back."""
 
     target = gpu_model_runner.GPUModelRunner
     attribute = "_update_states"
@@ -74,8 +74,9 @@ class RequestLifecycle(VllmPatch):
                 scheduler_output.finished_req_ids,
                 scheduler_output.scheduled_cached_reqs.resumed_req_ids,
             )
-            drafter.note_block_twins(
-                scheduler_output.specextend_block_twins or {}
+            drafter.note_scheduled_step(
+                scheduler_output.specextend_block_twins or {},
+                bool(scheduler_output.specextend_unrepaid_drafting),
             )
         return RequestLifecycle.original(self, scheduler_output)
 

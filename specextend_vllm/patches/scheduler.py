@@ -15,6 +15,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from specextend_vllm.algorithm.block_twins import BlockTwins
 from specextend_vllm.algorithm.draft_length import DraftLengthChooser
+from specextend_vllm.algorithm.prompt_work import PromptWork, drafting_repays
 from specextend_vllm.patches.base import VllmDataclassField, VllmPatch
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import specextend_config, working_copy_manager_blocks
@@ -73,10 +74,12 @@ def draft_length_chooser(scheduler: Any) -> DraftLengthChooser | None:
             )
         setattr(scheduler, _CHOOSER, chooser)
         setattr(scheduler, _STEP_STARTS, {})
+        setattr(scheduler, _PROMPT_WORK, PromptWork())
     return getattr(scheduler, _CHOOSER)
 
 
 _CHOOSER = "_specextend_draft_length_chooser"
+_PROMPT_WORK = "_specextend_prompt_work"
 # Steps scheduled and not yet finished are one, or a few with a batch queue; more means
 # outputs that never came back (the entries are dropped rather than kept forever).
 MAX_STEPS_IN_FLIGHT = 8
@@ -90,6 +93,64 @@ class SchedulerOutputCarriesBlockTwins(VllmDataclassField):
     target = SchedulerOutput
     attribute = "specextend_block_twins"
     field_type = dict[str, BlockTwins] | None
+
+
+class SchedulerOutputCarriesUnrepaidDrafting(VllmDataclassField):
+    """True where the scheduler took a step's drafts back because they would not repay the
+    draft's pending prompt work (`algorithm.prompt_work`), for the worker's counts."""
+
+    target = SchedulerOutput
+    attribute = "specextend_unrepaid_drafting"
+    field_type = bool | None
+
+
+class SchedulerWeighsPromptWork(VllmPatch):
+    """With `drafting: auto`, a step of a batch that keeps drafting first weighs the draft's
+    pending work on prompts against what drafting saves over the tokens its requests may
+    still decode, and drafts nothing where that would not repay it; then the scheduler's
+    account of the tokens the draft missed takes the step. Before vLLM's own update,
+    which (with asynchronous scheduling) gives the requests the next step's draft
+    placeholders by the step's number of drafts."""
+
+    target = Scheduler
+    attribute = "_update_after_schedule"
+
+    @staticmethod
+    def replacement(self: Any, scheduler_output: SchedulerOutput) -> None:
+        chooser = draft_length_chooser(self)
+        if chooser is not None:
+            weigh_prompt_work(self, chooser, getattr(self, _PROMPT_WORK), scheduler_output)
+        SchedulerWeighsPromptWork.original(self, scheduler_output)
+
+
+def weigh_prompt_work(
+    scheduler: Any,
+    chooser: DraftLengthChooser,
+    work: PromptWork,
+    scheduler_output: SchedulerOutput,
+) -> None:
+    work.missing.forget(scheduler_output.finished_req_ids)
+    work.missing.forget(scheduler_output.preempted_req_ids or ())
+    scheduled_tokens = scheduler_output.num_scheduled_tokens
+    num_drafts = scheduler_output.num_spec_tokens_to_schedule
+    # Where the bucket keeps plain steps, its drafting steps explore: they measure what
+    # drafting saves now, which is what the weighing reads.
+    if num_drafts and chooser.keeps_drafting(len(scheduled_tokens)):
+        pending = work.missing.pending(scheduled_tokens, 1 + chooser.max_drafts)
+        requests = scheduler.requests
+        if pending and not drafting_repays(
+            pending,
+            work.cost.seconds_per_token,
+            sum(
+                requests[request_id].max_tokens - requests[request_id].num_output_tokens
+                for request_id in scheduled_tokens
+            ),
+            len(scheduled_tokens),
+            chooser.seconds_saved_per_token(len(scheduled_tokens), num_drafts),
+        ):
+            num_drafts = scheduler_output.num_spec_tokens_to_schedule = 0
+            scheduler_output.specextend_unrepaid_drafting = True
+    work.missing.step(scheduled_tokens, drafts=num_drafts > 0)
 
 
 class SchedulerPreparesDrafting(VllmPatch):
@@ -121,7 +182,8 @@ class SchedulerPreparesDrafting(VllmPatch):
 
 class SchedulerMeasuresDrafting(VllmPatch):
     """Each decoding step (no request prefilling) tells the chooser how long it took, how
-    many drafts it verified and scheduled, and how many tokens each request got."""
+    many drafts it verified and scheduled, and how many tokens each request got; the
+    draft's passes over prompts in any step tell what a prompt token costs it."""
 
     target = Scheduler
     attribute = "update_from_output"
@@ -132,6 +194,11 @@ class SchedulerMeasuresDrafting(VllmPatch):
     ) -> Any:
         chooser = draft_length_chooser(self)
         if chooser is not None:
+            counts = model_runner_output.specextend_counts
+            if counts is not None and counts.prompt_pass_tokens:
+                getattr(self, _PROMPT_WORK).cost.add(
+                    counts.prompt_pass_tokens, counts.prompt_pass_seconds
+                )
             started = getattr(self, _STEP_STARTS).pop(id(scheduler_output), None)
             step = decoding_step(scheduler_output, model_runner_output)
             if started is not None and step is not None:

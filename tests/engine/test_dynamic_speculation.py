@@ -5,6 +5,7 @@ number of draft tokens, and the method's own choice from measured step times
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,77 @@ def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_rec
     assert min(paying) >= 0.6 and paying[-1] >= 0.75
     assert max(slow) <= 0.3 and slow[-1] <= 0.1
     assert recovered[-1] >= 0.5
+
+
+# Each draft pass over a prompt sleeps this long: a few hundred prompt tokens then cost the
+# draft about as much as 25 plain steps of the slowed target.
+PROMPT_PASS_S = 0.5
+
+
+def slow_prompt_passes(worker: Any, seconds: float) -> None:
+    from specextend_vllm.profiling import PROMPT_PASS_MIN_TOKENS
+
+    draft = model(worker, drafter=True)
+    forward = draft.forward
+
+    @functools.wraps(forward)
+    def forward_sleeping_over_prompts(*args: Any, **kwargs: Any) -> Any:
+        if kwargs["positions"].shape[-1] >= PROMPT_PASS_MIN_TOKENS:
+            time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    draft.forward = forward_sleeping_over_prompts
+
+
+def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
+    tiny_models: dict[str, Path],
+) -> None:
+    """The target drafting for itself on the full cache (every draft accepted), its forward
+    slowed to SLOW_TARGET_S, each draft pass over a prompt to PROMPT_PASS_S: two requests
+    that decode 64 tokens measure drafting in pairs and draft. Two new prompts answered in
+    6 tokens would save about 0.1 s by drafting, less than the draft's pass over their
+    prompts costs: the pair decodes without drafts, and the draft never runs over those
+    prompts. Two more new prompts answered in 64 tokens repay it, and draft. Every output
+    equals plain decoding. (Injected: the weighing left out, the second pair drafted;
+    the tokens left counted as 1 each, no pair drafted past the first measuring steps.)"""
+    from specextend_vllm import retrieval_stats
+
+    config = specextend_config(tiny_models["target"], drafting="auto", policy="full")
+    long_prompts, short_answered, long_answered = (
+        random_prompts([100, 120], seed=seed) for seed in (21, 22, 23)
+    )
+    short_tokens = 6
+    plain = decode(
+        tiny_models["target"], long_prompts + long_answered, LONG_OUTPUT_TOKENS
+    ).outputs
+    plain_short = decode(tiny_models["target"], short_answered, short_tokens).outputs
+
+    def run(llm: Any) -> list[tuple[dict[str, float], dict[str, Any]]]:
+        llm.collective_rpc(functools.partial(slow_down, drafter=False, seconds=SLOW_TARGET_S))
+        llm.collective_rpc(functools.partial(slow_prompt_passes, seconds=PROMPT_PASS_S))
+        after: list[tuple[dict[str, float], dict[str, Any]]] = []
+        for batch, max_tokens, expected in (
+            (long_prompts, LONG_OUTPUT_TOKENS, plain[:2]),
+            (short_answered, short_tokens, plain_short),
+            (long_answered, LONG_OUTPUT_TOKENS, plain[2:]),
+        ):
+            assert generate_ids(llm, batch, max_tokens) == expected
+            after.append((spec_decode_counts(llm), retrieval_stats(llm)[0]))
+        return after
+
+    (first, first_stats), (second, second_stats), (third, third_stats) = on_engine(
+        tiny_models["target"], config, run
+    )
+    assert first_stats["prompt_pass_tokens"] >= 220 and first_stats["prompt_pass_seconds"] >= 0.5
+    print(f"drafts: {first['num_drafts']}, {second['num_drafts']}, {third['num_drafts']}")
+    # A pair decoding 64 tokens with every draft accepted drafts in about 2 x 16 steps.
+    assert first["num_drafts"] >= 16
+    assert first_stats["unrepaid_drafting_steps"] == 0
+    assert second["num_drafts"] == first["num_drafts"]
+    assert second_stats["unrepaid_drafting_steps"] >= 2 * (short_tokens - 1)
+    assert second_stats["prompt_pass_tokens"] == first_stats["prompt_pass_tokens"]
+    assert third["num_drafts"] - second["num_drafts"] >= 16
+    assert third_stats["unrepaid_drafting_steps"] == second_stats["unrepaid_drafting_steps"]
 
 
 def test_steps_without_drafts_skip_the_draft_which_catches_up_when_drafting_resumes(

@@ -92,7 +92,8 @@ def test_the_log_line_sums_each_engines_counts_since_the_last_line() -> None:
         "Scorer: 0 calls, 0.000 s, Verifications: 0 hybrid, 0 native, Plain decoding steps on "
         "the prefix kernel: 0, Accepted drafts: 0 of 0 on "
         "reduced caches, 0 of 0 on full caches, Skipped draft steps: 0, Catch-up: 0 passes, "
-        "0 tokens, Copied prompt tokens: 0, Windowed prompt tokens: 0"
+        "0 tokens, Copied prompt tokens: 0, Windowed prompt tokens: 0, Draft prompt passes: "
+        "0 tokens, 0.000 s, Steps not drafted for the draft's prompt work: 0"
     )
     logging.log(log_fn)
     assert len(lines) == 2

@@ -1,0 +1,146 @@
+"""Whether drafting repays the draft's work on prompts, in a batch of requests.
+
+Before a request drafts, its prompt passes through the draft: with its prefill, or in a
+catch-up pass where steps ran without the draft meanwhile (`algorithm.draft_lag`). That
+work is paid once, and drafting pays it back only over the tokens the request still
+decodes. Under load, a short answer to a long prompt does not: fresh 2K prompts answered
+in 64 tokens at concurrency 4 and 8 came out at 0.86-0.90x no speculation, their decoding
+about even and the draft's prefill making each first token 1.11-1.28x later.
+
+So in a batch of B >= 2 requests, a step that `drafting: auto` would draft in first weighs
+- the cost: the tokens whose draft KV is missing (those of the batch's steps that ran
+  without the draft, and the prompt tokens this step prefills), times the draft's
+  measured seconds per token of its passes over prompts;
+- the saving: the time drafting saves over the tokens the batch's requests may still
+  decode, (their sum / B) x (a plain step - a drafting step / the tokens it gives), from
+  the chooser's measured step times and acceptance;
+and runs without drafts where the saving is smaller. A request alone drafts as the chooser
+says: its prefill delays only its own first token (`draft_prefill: deferred` moves that
+too), and the draft KV of its prompt also serves later requests that share the prompt
+through the prefix cache (a conversation's next turn, the same document asked again),
+which no count of one request's tokens foresees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+# Batches from this size weigh the draft's pending prompt work.
+MIN_BATCH_SIZE = 2
+# Weight of the passes reported before the latest, in the seconds per token.
+PROMPT_PASS_DECAY = 0.8
+
+
+class PromptPassCost:
+    """The draft's seconds per token of its passes over prompts (prefills and catch-up
+    passes): recent passes' seconds over their tokens, older reports weighing
+    PROMPT_PASS_DECAY less per report.
+
+    >>> cost = PromptPassCost()
+    >>> cost.seconds_per_token is None
+    True
+    >>> cost.add(tokens=1000, seconds=2.0)
+    >>> cost.add(tokens=1000, seconds=1.0)
+    >>> round(cost.seconds_per_token, 4)  # (0.8 * 2 + 1) / (0.8 * 1000 + 1000)
+    0.0014
+    """
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._tokens = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self._seconds = PROMPT_PASS_DECAY * self._seconds + seconds
+        self._tokens = PROMPT_PASS_DECAY * self._tokens + tokens
+
+    @property
+    def seconds_per_token(self) -> float | None:
+        return self._seconds / self._tokens if self._tokens else None
+
+
+class MissingDraftTokens:
+    """Per request, the tokens of its steps that ran without the draft, whose draft KV a
+    catch-up pass writes before it drafts again: the scheduler's account of what the
+    worker's `DraftLag` holds (cached prompt blocks the draft never wrote are not seen
+    here; they only make the estimate low).
+
+    >>> missing = MissingDraftTokens()
+    >>> missing.step({"a": 300, "b": 1}, drafts=False)
+    >>> missing.step({"a": 1, "b": 1}, drafts=False)
+    >>> missing.pending({"a": 1, "b": 1, "c": 500}, max_decoding_tokens=5)  # 301 + 2 + 500
+    803
+    >>> missing.step({"a": 1, "c": 500}, drafts=True)
+    >>> missing.pending({"a": 1, "b": 1}, max_decoding_tokens=5)
+    2
+    >>> missing.forget(["b"])
+    >>> missing.pending({"b": 1}, max_decoding_tokens=5)
+    0
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, int] = {}
+
+    def pending(self, scheduled_tokens: Mapping[str, int], max_decoding_tokens: int) -> int:
+        """The tokens the draft must write before this step's requests draft: those it
+        missed, and this step's tokens of requests scheduling more than a decoding step
+        does (max_decoding_tokens: 1 + the most drafts), prompts."""
+        missing = self._tokens
+        return sum(missing.get(request_id, 0) for request_id in scheduled_tokens) + sum(
+            n for n in scheduled_tokens.values() if n > max_decoding_tokens
+        )
+
+    def step(self, scheduled_tokens: Mapping[str, int], drafts: bool) -> None:
+        """A step ran: with drafts, the draft wrote every scheduled request's tokens;
+        without, it missed this step's too."""
+        missing = self._tokens
+        if drafts:
+            for request_id in scheduled_tokens:
+                missing.pop(request_id, None)
+            return
+        for request_id, n in scheduled_tokens.items():
+            missing[request_id] = missing.get(request_id, 0) + n
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Finished requests, and preempted ones (they compute their tokens again)."""
+        for request_id in request_ids:
+            self._tokens.pop(request_id, None)
+
+
+@dataclasses.dataclass
+class PromptWork:
+    """What the scheduler knows of the draft's work on prompts."""
+
+    cost: PromptPassCost = dataclasses.field(default_factory=PromptPassCost)
+    missing: MissingDraftTokens = dataclasses.field(default_factory=MissingDraftTokens)
+
+
+def drafting_repays(
+    pending_tokens: int,
+    seconds_per_pending_token: float | None,
+    remaining_tokens: int,
+    batch_size: int,
+    seconds_saved_per_token: float | None,
+) -> bool:
+    """Whether drafting now saves the batch more than the draft's pending prompt work
+    costs. Unmeasured (no prompt pass or no drafting and plain steps of this batch size
+    yet), it does: the chooser measures first.
+
+    Two requests that may decode 64 and 16 more tokens, drafting saving 0.05 s per token
+    of each: 2.0 s saved (40 steps' worth of tokens each, 0.05 s each), against 1,000
+    prompt tokens at 1 ms (1.0 s) or at 3 ms (3.0 s):
+
+    >>> drafting_repays(1000, 0.001, 80, 2, 0.05), drafting_repays(1000, 0.003, 80, 2, 0.05)
+    (True, False)
+    >>> drafting_repays(0, 0.003, 80, 2, -0.01), drafting_repays(1000, None, 80, 2, 0.05)
+    (True, True)
+    """
+    if (
+        not pending_tokens
+        or batch_size < MIN_BATCH_SIZE
+        or seconds_per_pending_token is None
+        or seconds_saved_per_token is None
+    ):
+        return True
+    saving = remaining_tokens / batch_size * seconds_saved_per_token
+    return saving >= pending_tokens * seconds_per_pending_token
