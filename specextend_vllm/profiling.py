@@ -1,7 +1,9 @@
 """Where a decoding step's time goes: the target's forward pass, the sampling (with
 verification: the rejection sampler, or a tree's acceptance and KV moves), the draft
 proposal and each draft pass, and within the proposal the method's own work (retrieval's
-planning, of which the chunk scores and the working copies). Opt-in (`SPECEXTEND_STEP_TIMINGS=1`), read with `step_timings(llm)`.
+planning, of which the chunk scores and the working copies). Opt-in
+(`SPECEXTEND_STEP_TIMINGS=1`), read with `step_timings(llm)`. Apart from those, the draft's
+passes over prompts are always timed (`DraftPassClock`): `drafting: auto` prices them.
 
 Times are wall clock around the work; with CUDA the timer synchronizes the device at
 every boundary, which slows the engine down but attributes the time correctly.
@@ -147,6 +149,8 @@ class DraftPassClock:
     >>> clock = DraftPassClock(model)
     >>> with clock.timing() as passes:
     ...     _ = model(torch.zeros(3)), model(torch.zeros(100))
+    ...     clock.stop()
+    ...     _ = model(torch.zeros(7))
     >>> [tokens for tokens, _ in passes], model(torch.zeros(1)).shape[0], len(passes)
     ([3, 100], 1, 2)
     """
@@ -164,7 +168,11 @@ class DraftPassClock:
         try:
             yield passes
         finally:
-            self._passes = None
+            self.stop()
+
+    def stop(self) -> None:
+        """Times no more forwards until the next `timing()`."""
+        self._passes = None
 
     def _pass_started(self, module: object, args: tuple, kwargs: dict) -> None:
         if self._passes is not None:

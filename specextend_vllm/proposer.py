@@ -327,8 +327,9 @@ class SpecExtendProposer(DraftModelProposer):
         return drafts
 
     def _record_prompt_passes(self, passes: list[tuple[int, float]], num_reqs: int) -> None:
-        """The step's draft passes over prompts: of PROMPT_PASS_MIN_TOKENS tokens or more,
-        and more than a decoding step's first pass (1 + k per request)."""
+        """The step's draft passes over prompts, among its catch-up passes and first pass
+        (the clock stops before the passes that draft): of PROMPT_PASS_MIN_TOKENS tokens or
+        more, and more than a decoding step's first pass (1 + k per request)."""
         least = max(PROMPT_PASS_MIN_TOKENS, num_reqs * (self.max_drafts + 1) + 1)
         prompt_passes = [(tokens, seconds) for tokens, seconds in passes if tokens >= least]
         if prompt_passes:
@@ -416,6 +417,7 @@ class SpecExtendProposer(DraftModelProposer):
         if planner is not None:
             planner.working_copies.first_pass_done()
         if drafts_tree:
+            self._draft_pass_clock.stop()
             drafts = self._draft_tree(batch_request_ids, view, common_attn_metadata)
         return drafts
 
@@ -562,6 +564,8 @@ class SpecExtendProposer(DraftModelProposer):
         self, common_attn_metadata: Any, draft_index: int = 0
     ) -> tuple[list[object], dict[str, object]]:
         view = self._reduced_view
+        if draft_index > 0:
+            self._draft_pass_clock.stop()
         if draft_index > 0 and self.planner is not None:
             self.planner.working_copies.first_pass_done()
         if view is not None:

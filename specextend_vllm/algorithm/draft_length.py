@@ -273,17 +273,11 @@ class DraftLengthChooser:
                 self._count_longer_exploration_step(bucket, bucket.length != length, tokens, rates)
         self._write_lookup(index, bucket.scheduled_length(drafting_samples))
 
-    def keeps_drafting(self, batch_size: int) -> bool:
-        """Whether the bucket of this batch size drafts by choice: measured, drafting won.
-        Where it keeps plain steps, its drafting steps are explorations."""
-        bucket = self.buckets[min(batch_size_bucket(batch_size), len(self.buckets) - 1)]
-        return bucket.measured(MIN_PLAIN_SAMPLES) and bucket.prefers_drafting
-
     def seconds_saved_per_token(self, batch_size: int, num_drafts: int) -> float | None:
-        """How much sooner a step of `num_drafts` drafts gives each request of a batch this
-        size a token than a plain step does (negative where it is slower): a plain step's
-        time less a drafting step's over its tokens; None until the bucket has measured
-        both.
+        """Where the bucket of this batch size keeps drafting (measured, drafting won), how
+        much sooner a step of `num_drafts` drafts gives each request a token than a plain
+        step does: a plain step's time less a drafting step's over its tokens. None where
+        it measures drafting: not measured yet, or keeping plain steps.
 
         >>> chooser = DraftLengthChooser(num_speculative_tokens=2, max_batch_size=4)
         >>> for _ in range(MIN_DRAFTING_SAMPLES):
@@ -295,11 +289,37 @@ class DraftLengthChooser:
         >>> round(chooser.seconds_saved_per_token(2, 2), 3)  # 0.4 - 0.5 / (1 + 0.5 + 0.25)
         0.114
         """
-        bucket = self.buckets[min(batch_size_bucket(batch_size), len(self.buckets) - 1)]
-        if not num_drafts or not bucket.measured(MIN_PLAIN_SAMPLES):
+        bucket = self._bucket(batch_size)
+        measured = bucket.measured(MIN_PLAIN_SAMPLES)
+        if not num_drafts or not measured or not bucket.prefers_drafting:
             return None
         tokens = self._tokens_per_length()[num_drafts]
         return bucket.step_seconds(0) - bucket.step_seconds(num_drafts) / tokens
+
+    def plain_step_seconds(self, batch_size: int) -> float | None:
+        """A plain step's time in the bucket of this batch size, or, not measured there,
+        in the nearest bucket that measured one; None where none has.
+
+        >>> chooser = DraftLengthChooser(num_speculative_tokens=2, max_batch_size=8)
+        >>> chooser.plain_step_seconds(1) is None
+        True
+        >>> for _ in range(MIN_PLAIN_SAMPLES):
+        ...     chooser.record_step(4, 0, 0, 0.3)
+        >>> chooser.plain_step_seconds(1), chooser.plain_step_seconds(4)
+        (0.3, 0.3)
+        """
+        index = min(batch_size_bucket(batch_size), len(self.buckets) - 1)
+        measured = [
+            i for i, bucket in enumerate(self.buckets)
+            if bucket.step_s[0].samples >= MIN_PLAIN_SAMPLES
+        ]
+        if not measured:
+            return None
+        nearest = min(measured, key=lambda i: abs(i - index))
+        return self.buckets[nearest].step_seconds(0)
+
+    def _bucket(self, batch_size: int) -> BucketState:
+        return self.buckets[min(batch_size_bucket(batch_size), len(self.buckets) - 1)]
 
     def draft_acceptance_rates(self) -> list[float]:
         """Each draft's share of acceptance among the requests that accepted the drafts

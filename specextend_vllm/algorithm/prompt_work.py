@@ -11,10 +11,13 @@ So in a batch of B >= 2 requests, a step that `drafting: auto` would draft in fi
 - the cost: the tokens whose draft KV is missing (those of the batch's steps that ran
   without the draft, and the prompt tokens this step prefills), times the draft's
   measured seconds per token of its passes over prompts;
-- the saving: the time drafting saves over the tokens the batch's requests may still
-  decode, (their sum / B) x (a plain step - a drafting step / the tokens it gives), from
-  the chooser's measured step times and acceptance;
-and runs without drafts where the saving is smaller. A request alone drafts as the chooser
+- where the batch size keeps drafting, the saving: the time drafting saves over the
+  tokens the batch's requests may still decode, (their sum / B) x (a plain step - a
+  drafting step / the tokens it gives), from the chooser's measured step times and
+  acceptance; where it measures drafting instead (first, or checking it again while it
+  keeps plain steps), a few plain steps' time: a measurement must not cost a catch-up of
+  whole prompts;
+and runs without drafts where the cost is larger. A request alone drafts as the chooser
 says: its prefill delays only its own first token (`draft_prefill: deferred` moves that
 too), and the draft KV of its prompt also serves later requests that share the prompt
 through the prefix cache (a conversation's next turn, the same document asked again),
@@ -28,6 +31,11 @@ from collections.abc import Iterable, Mapping
 
 # Batches from this size weigh the draft's pending prompt work.
 MIN_BATCH_SIZE = 2
+# A batch that measures drafting (not measured yet, or checking it again while it keeps
+# plain steps) catches up on at most this many plain steps' worth of missed tokens: 12 fresh
+# 2K prompts at concurrency 4 otherwise caught up 12,529 tokens in such steps, and came out
+# at 0.88x no speculation with their first tokens sooner than without speculation.
+MEASURING_CATCH_UP_STEPS = 4
 # Weight of the passes reported before the latest, in the seconds per token.
 PROMPT_PASS_DECAY = 0.8
 
@@ -118,29 +126,32 @@ class PromptWork:
 def drafting_repays(
     pending_tokens: int,
     seconds_per_pending_token: float | None,
-    remaining_tokens: int,
     batch_size: int,
-    seconds_saved_per_token: float | None,
+    saving_seconds: float | None,
+    plain_step_seconds: float | None,
 ) -> bool:
-    """Whether drafting now saves the batch more than the draft's pending prompt work
-    costs. Unmeasured (no prompt pass or no drafting and plain steps of this batch size
-    yet), it does: the chooser measures first.
+    """Whether a step of a batch drafts, given the draft's pending prompt work: where the
+    batch keeps drafting (`saving_seconds`: what drafting saves it over the tokens its
+    requests may still decode), if that saving covers the work; where it measures drafting
+    (`saving_seconds` None: a batch size not measured yet, or one that keeps plain steps and
+    checks drafting again), if the work costs no more than MEASURING_CATCH_UP_STEPS plain
+    steps. Unpriced (no prompt pass timed yet) or alone, it drafts.
 
-    Two requests that may decode 64 and 16 more tokens, drafting saving 0.05 s per token
-    of each: 2.0 s saved (40 steps' worth of tokens each, 0.05 s each), against 1,000
-    prompt tokens at 1 ms (1.0 s) or at 3 ms (3.0 s):
+    1,000 prompt tokens at 1 ms (1.0 s) or at 3 ms (3.0 s) against a saving of 2.0 s:
 
-    >>> drafting_repays(1000, 0.001, 80, 2, 0.05), drafting_repays(1000, 0.003, 80, 2, 0.05)
+    >>> drafting_repays(1000, 0.001, 2, 2.0, 0.1), drafting_repays(1000, 0.003, 2, 2.0, 0.1)
     (True, False)
-    >>> drafting_repays(0, 0.003, 80, 2, -0.01), drafting_repays(1000, None, 80, 2, 0.05)
+
+    Measuring, against 4 plain steps of 0.1 s: 300 tokens at 1 ms, but not 1,000:
+
+    >>> drafting_repays(300, 0.001, 2, None, 0.1), drafting_repays(1000, 0.001, 2, None, 0.1)
+    (True, False)
+    >>> drafting_repays(0, 0.003, 2, -1.0, 0.1), drafting_repays(1000, 0.003, 1, -1.0, 0.1)
     (True, True)
     """
-    if (
-        not pending_tokens
-        or batch_size < MIN_BATCH_SIZE
-        or seconds_per_pending_token is None
-        or seconds_saved_per_token is None
-    ):
+    if not pending_tokens or batch_size < MIN_BATCH_SIZE or seconds_per_pending_token is None:
         return True
-    saving = remaining_tokens / batch_size * seconds_saved_per_token
-    return saving >= pending_tokens * seconds_per_pending_token
+    cost = pending_tokens * seconds_per_pending_token
+    if saving_seconds is not None:
+        return saving_seconds >= cost
+    return plain_step_seconds is None or cost <= MEASURING_CATCH_UP_STEPS * plain_step_seconds

@@ -105,9 +105,10 @@ class SchedulerOutputCarriesUnrepaidDrafting(VllmDataclassField):
 
 
 class SchedulerWeighsPromptWork(VllmPatch):
-    """With `drafting: auto`, a step of a batch that keeps drafting first weighs the draft's
+    """With `drafting: auto`, a step of a batch that would draft first weighs the draft's
     pending work on prompts against what drafting saves over the tokens its requests may
-    still decode, and drafts nothing where that would not repay it; then the scheduler's
+    still decode (or, measuring drafting, a few plain steps), and drafts nothing where that
+    would not repay it; then the scheduler's
     account of the tokens the draft missed takes the step. Before vLLM's own update,
     which (with asynchronous scheduling) gives the requests the next step's draft
     placeholders by the step's number of drafts."""
@@ -132,21 +133,25 @@ def weigh_prompt_work(
     work.missing.forget(scheduler_output.finished_req_ids)
     work.missing.forget(scheduler_output.preempted_req_ids or ())
     scheduled_tokens = scheduler_output.num_scheduled_tokens
+    batch_size = len(scheduled_tokens)
     num_drafts = scheduler_output.num_spec_tokens_to_schedule
-    # Where the bucket keeps plain steps, its drafting steps explore: they measure what
-    # drafting saves now, which is what the weighing reads.
-    if num_drafts and chooser.keeps_drafting(len(scheduled_tokens)):
+    if num_drafts:
         pending = work.missing.pending(scheduled_tokens, 1 + chooser.max_drafts)
-        requests = scheduler.requests
+        saved_per_token = chooser.seconds_saved_per_token(batch_size, num_drafts)
+        saving = None
+        if saved_per_token is not None:
+            requests = scheduler.requests
+            remaining = sum(
+                requests[request_id].max_tokens - requests[request_id].num_output_tokens
+                for request_id in scheduled_tokens
+            )
+            saving = remaining / batch_size * saved_per_token
         if pending and not drafting_repays(
             pending,
             work.cost.seconds_per_token,
-            sum(
-                requests[request_id].max_tokens - requests[request_id].num_output_tokens
-                for request_id in scheduled_tokens
-            ),
-            len(scheduled_tokens),
-            chooser.seconds_saved_per_token(len(scheduled_tokens), num_drafts),
+            batch_size,
+            saving,
+            chooser.plain_step_seconds(batch_size),
         ):
             num_drafts = scheduler_output.num_spec_tokens_to_schedule = 0
             scheduler_output.specextend_unrepaid_drafting = True

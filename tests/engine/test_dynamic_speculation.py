@@ -242,20 +242,26 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
     that decode 64 tokens measure drafting in pairs and draft. Two new prompts answered in
     6 tokens would save about 0.1 s by drafting, less than the draft's pass over their
     prompts costs: the pair decodes without drafts, and the draft never runs over those
-    prompts. Two more new prompts answered in 64 tokens repay it, and draft. Every output
-    equals plain decoding. (Injected: the weighing left out, the second pair drafted;
-    the tokens left counted as 1 each, no pair drafted past the first measuring steps.)"""
+    prompts. Four new prompts answered in 6 tokens come in a batch size not measured yet,
+    whose measuring would catch up more than a few plain steps' worth: no drafts either.
+    Two more new prompts answered in 64 tokens repay it, and draft. Every output equals
+    plain decoding. (Injected: the weighing left out, the second pair drafted; the tokens
+    left counted as 1 each, no pair drafted past the first measuring steps; measuring
+    steps not bounded, the four drafted.)"""
     from specextend_vllm import retrieval_stats
 
     config = specextend_config(tiny_models["target"], drafting="auto", policy="full")
     long_prompts, short_answered, long_answered = (
         random_prompts([100, 120], seed=seed) for seed in (21, 22, 23)
     )
+    four_short_answered = random_prompts([100, 110, 120, 130], seed=24)
     short_tokens = 6
     plain = decode(
         tiny_models["target"], long_prompts + long_answered, LONG_OUTPUT_TOKENS
     ).outputs
-    plain_short = decode(tiny_models["target"], short_answered, short_tokens).outputs
+    plain_short = decode(
+        tiny_models["target"], short_answered + four_short_answered, short_tokens
+    ).outputs
 
     def run(llm: Any) -> list[tuple[dict[str, float], dict[str, Any]]]:
         llm.collective_rpc(functools.partial(slow_down, drafter=False, seconds=SLOW_TARGET_S))
@@ -263,26 +269,26 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
         after: list[tuple[dict[str, float], dict[str, Any]]] = []
         for batch, max_tokens, expected in (
             (long_prompts, LONG_OUTPUT_TOKENS, plain[:2]),
-            (short_answered, short_tokens, plain_short),
+            (short_answered, short_tokens, plain_short[:2]),
+            (four_short_answered, short_tokens, plain_short[2:]),
             (long_answered, LONG_OUTPUT_TOKENS, plain[2:]),
         ):
             assert generate_ids(llm, batch, max_tokens) == expected
             after.append((spec_decode_counts(llm), retrieval_stats(llm)[0]))
         return after
 
-    (first, first_stats), (second, second_stats), (third, third_stats) = on_engine(
-        tiny_models["target"], config, run
-    )
+    runs = on_engine(tiny_models["target"], config, run)
+    drafts = [counts["num_drafts"] for counts, _ in runs]
+    unrepaid = [stats["unrepaid_drafting_steps"] for _, stats in runs]
+    print(f"drafts: {drafts}, steps not drafted for the prompt work: {unrepaid}")
+    first_stats = runs[0][1]
     assert first_stats["prompt_pass_tokens"] >= 220 and first_stats["prompt_pass_seconds"] >= 0.5
-    print(f"drafts: {first['num_drafts']}, {second['num_drafts']}, {third['num_drafts']}")
     # A pair decoding 64 tokens with every draft accepted drafts in about 2 x 16 steps.
-    assert first["num_drafts"] >= 16
-    assert first_stats["unrepaid_drafting_steps"] == 0
-    assert second["num_drafts"] == first["num_drafts"]
-    assert second_stats["unrepaid_drafting_steps"] >= 2 * (short_tokens - 1)
-    assert second_stats["prompt_pass_tokens"] == first_stats["prompt_pass_tokens"]
-    assert third["num_drafts"] - second["num_drafts"] >= 16
-    assert third_stats["unrepaid_drafting_steps"] == second_stats["unrepaid_drafting_steps"]
+    assert drafts[0] >= 16 and unrepaid[0] == 0
+    assert drafts[1] == drafts[0] and unrepaid[1] >= 2 * (short_tokens - 1)
+    assert drafts[2] == drafts[1] and unrepaid[2] - unrepaid[1] >= 4 * (short_tokens - 1)
+    assert runs[2][1]["prompt_pass_tokens"] == first_stats["prompt_pass_tokens"]
+    assert drafts[3] - drafts[2] >= 16 and unrepaid[3] == unrepaid[2]
 
 
 def test_steps_without_drafts_skip_the_draft_which_catches_up_when_drafting_resumes(
