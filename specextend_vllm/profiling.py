@@ -141,18 +141,19 @@ PROMPT_PASS_MIN_TOKENS = 64
 
 
 class DraftPassClock:
-    """Times the draft model's forwards while `timing()` is open, always (not only with
+    """Times the draft model's forwards from `start()` to `stop()`, always (not only with
     `SPECEXTEND_STEP_TIMINGS`): the scheduler weighs the draft's passes over prompts by
-    their measured cost (`algorithm.prompt_work`). Yields (tokens, seconds) per forward.
+    their measured cost (`algorithm.prompt_work`). Each forward adds (tokens, seconds) to
+    the list `start()` returns.
 
     >>> model = torch.nn.Identity()
     >>> clock = DraftPassClock(model)
-    >>> with clock.timing() as passes:
-    ...     _ = model(torch.zeros(3)), model(torch.zeros(100))
-    ...     clock.stop()
-    ...     _ = model(torch.zeros(7))
-    >>> [tokens for tokens, _ in passes], model(torch.zeros(1)).shape[0], len(passes)
-    ([3, 100], 1, 2)
+    >>> passes = clock.start()
+    >>> _ = model(torch.zeros(3)), model(torch.zeros(100))
+    >>> clock.stop()
+    >>> _ = model(torch.zeros(7))
+    >>> [tokens for tokens, _ in passes]
+    [3, 100]
     """
 
     def __init__(self, model: torch.nn.Module, synchronize: Callable[[], None] | None = None):
@@ -162,16 +163,11 @@ class DraftPassClock:
         model.register_forward_pre_hook(self._pass_started, with_kwargs=True)
         model.register_forward_hook(self._pass_finished, with_kwargs=True)
 
-    @contextmanager
-    def timing(self) -> Iterator[list[tuple[int, float]]]:
+    def start(self) -> list[tuple[int, float]]:
         self._passes = passes = []
-        try:
-            yield passes
-        finally:
-            self.stop()
+        return passes
 
     def stop(self) -> None:
-        """Times no more forwards until the next `timing()`."""
         self._passes = None
 
     def _pass_started(self, module: object, args: tuple, kwargs: dict) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -307,49 +306,6 @@ class SpecExtendProposer(DraftModelProposer):
         sampling_metadata: Any,
         **kwargs: Any,
     ) -> torch.Tensor:
-        num_reqs = common_attn_metadata.num_reqs
-        query_lens = np.diff(common_attn_metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
-        assert self.draft_lag is not None
-        times_passes = self.draft_lag.may_lag or bool(self._writes_prompt_kv(query_lens).any())
-        with self._draft_pass_clock.timing() if times_passes else nullcontext([]) as passes:
-            drafts = self._propose(
-                num_speculative_tokens,
-                target_token_ids,
-                target_positions,
-                target_hidden_states,
-                next_token_ids,
-                token_indices_to_sample,
-                common_attn_metadata,
-                sampling_metadata,
-                **kwargs,
-            )
-        self._record_prompt_passes(passes, num_reqs)
-        return drafts
-
-    def _record_prompt_passes(self, passes: list[tuple[int, float]], num_reqs: int) -> None:
-        """The step's draft passes over prompts, among its catch-up passes and first pass
-        (the clock stops before the passes that draft): of PROMPT_PASS_MIN_TOKENS tokens or
-        more, and more than a decoding step's first pass (1 + k per request)."""
-        least = max(PROMPT_PASS_MIN_TOKENS, num_reqs * (self.max_drafts + 1) + 1)
-        prompt_passes = [(tokens, seconds) for tokens, seconds in passes if tokens >= least]
-        if prompt_passes:
-            self.metrics.record_prompt_pass(
-                sum(tokens for tokens, _ in prompt_passes),
-                sum(seconds for _, seconds in prompt_passes),
-            )
-
-    def _propose(
-        self,
-        num_speculative_tokens: int,
-        target_token_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor,
-        next_token_ids: torch.Tensor,
-        token_indices_to_sample: torch.Tensor | None,
-        common_attn_metadata: Any,
-        sampling_metadata: Any,
-        **kwargs: Any,
-    ) -> torch.Tensor:
         planner = self.planner
         num_reqs = common_attn_metadata.num_reqs
         batch_request_ids = request_ids(self.runner, num_reqs)
@@ -376,9 +332,11 @@ class SpecExtendProposer(DraftModelProposer):
                 token_indices_to_sample,
                 common_attn_metadata,
             )
+        passes = self._draft_pass_clock.start() if self._times_passes(common_attn_metadata) else []
         if self._skips_draft_or_catches_up(
             batch_request_ids, num_speculative_tokens, target_positions, common_attn_metadata
         ):
+            self._draft_pass_clock.stop()
             self.metrics.record_skipped_draft_step(num_reqs)
             if self._unrepaid_drafting:
                 self.metrics.record_unrepaid_drafting_step(num_reqs)
@@ -414,12 +372,34 @@ class SpecExtendProposer(DraftModelProposer):
             raise
         finally:
             self._reduced_view = None
+            self._draft_pass_clock.stop()
+        self._record_prompt_passes(passes, num_reqs)
         if planner is not None:
             planner.working_copies.first_pass_done()
         if drafts_tree:
-            self._draft_pass_clock.stop()
             drafts = self._draft_tree(batch_request_ids, view, common_attn_metadata)
         return drafts
+
+    def _times_passes(self, metadata: Any) -> bool:
+        """Whether this step's draft may pass over prompts: a request lags (a catch-up), or
+        one's pass is longer than a decoding step's."""
+        assert self.draft_lag is not None
+        num_reqs = metadata.num_reqs
+        query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
+        return self.draft_lag.may_lag or bool(self._writes_prompt_kv(query_lens).any())
+
+    def _record_prompt_passes(self, passes: list[tuple[int, float]], num_reqs: int) -> None:
+        """The step's draft passes over prompts, among its catch-up passes and first pass
+        (the clock stops before the passes after it): of PROMPT_PASS_MIN_TOKENS tokens or
+        more, and more than a decoding step's first pass (1 + k per request)."""
+        least = max(PROMPT_PASS_MIN_TOKENS, num_reqs * (self.max_drafts + 1) + 1)
+        prompt_passes = [(tokens, seconds) for tokens, seconds in passes if tokens >= least]
+        if prompt_passes:
+            self.metrics.record_prompt_pass(
+                sum(tokens for tokens, _ in prompt_passes),
+                sum(seconds for _, seconds in prompt_passes),
+            )
+
 
     def _skips_draft_or_catches_up(
         self,
