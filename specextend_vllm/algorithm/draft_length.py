@@ -243,7 +243,7 @@ class DraftLengthChooser:
         `verified_drafts` drafts (`accepted_shares[i]`: the share of the requests that
         accepted i + 1 of them or more), and the step scheduled `next_drafts` for the next
         one. Steps that change the number of drafts measure no length's step time."""
-        index = min(batch_size_bucket(batch_size), len(self.buckets) - 1)
+        index = self._bucket_index(batch_size)
         bucket = self.buckets[index]
         if verified_drafts == next_drafts and verified_drafts <= self.max_drafts:
             bucket.step_s[verified_drafts].add(step_seconds)
@@ -289,7 +289,7 @@ class DraftLengthChooser:
         >>> round(chooser.seconds_saved_per_token(2, 2), 3)  # 0.4 - 0.5 / (1 + 0.5 + 0.25)
         0.114
         """
-        bucket = self._bucket(batch_size)
+        bucket = self.buckets[self._bucket_index(batch_size)]
         measured = bucket.measured(MIN_PLAIN_SAMPLES)
         if not num_drafts or not measured or not bucket.prefers_drafting:
             return None
@@ -308,7 +308,7 @@ class DraftLengthChooser:
         >>> chooser.plain_step_seconds(1), chooser.plain_step_seconds(4)
         (0.3, 0.3)
         """
-        index = min(batch_size_bucket(batch_size), len(self.buckets) - 1)
+        index = self._bucket_index(batch_size)
         measured = [
             i for i, bucket in enumerate(self.buckets)
             if bucket.step_s[0].samples >= MIN_PLAIN_SAMPLES
@@ -318,8 +318,8 @@ class DraftLengthChooser:
         nearest = min(measured, key=lambda i: abs(i - index))
         return self.buckets[nearest].step_seconds(0)
 
-    def _bucket(self, batch_size: int) -> BucketState:
-        return self.buckets[min(batch_size_bucket(batch_size), len(self.buckets) - 1)]
+    def _bucket_index(self, batch_size: int) -> int:
+        return min(batch_size_bucket(batch_size), len(self.buckets) - 1)
 
     def draft_acceptance_rates(self) -> list[float]:
         """Each draft's share of acceptance among the requests that accepted the drafts

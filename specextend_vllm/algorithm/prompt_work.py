@@ -126,30 +126,30 @@ class PromptWork:
 def drafting_repays(
     pending_tokens: int,
     seconds_per_pending_token: float | None,
-    batch_size: int,
     saving_seconds: float | None,
     plain_step_seconds: float | None,
 ) -> bool:
-    """Whether a step of a batch drafts, given the draft's pending prompt work: where the
-    batch keeps drafting (`saving_seconds`: what drafting saves it over the tokens its
-    requests may still decode), if that saving covers the work; where it measures drafting
-    (`saving_seconds` None: a batch size not measured yet, or one that keeps plain steps and
-    checks drafting again), if the work costs no more than MEASURING_CATCH_UP_STEPS plain
-    steps. Unpriced (no prompt pass timed yet) or alone, it drafts.
+    """Whether a step of a batch (MIN_BATCH_SIZE requests or more) drafts, given the
+    draft's pending prompt work: where the batch keeps drafting (`saving_seconds`: what
+    drafting saves it over the tokens its requests may still decode), if that saving covers
+    the work; where it measures drafting (`saving_seconds` None: a batch size not measured
+    yet, or one that keeps plain steps and checks drafting again), if the work costs no
+    more than MEASURING_CATCH_UP_STEPS plain steps. Unpriced (no prompt pass timed yet), it
+    drafts.
 
     1,000 prompt tokens at 1 ms (1.0 s) or at 3 ms (3.0 s) against a saving of 2.0 s:
 
-    >>> drafting_repays(1000, 0.001, 2, 2.0, 0.1), drafting_repays(1000, 0.003, 2, 2.0, 0.1)
+    >>> drafting_repays(1000, 0.001, 2.0, 0.1), drafting_repays(1000, 0.003, 2.0, 0.1)
     (True, False)
 
     Measuring, against 4 plain steps of 0.1 s: 300 tokens at 1 ms, but not 1,000:
 
-    >>> drafting_repays(300, 0.001, 2, None, 0.1), drafting_repays(1000, 0.001, 2, None, 0.1)
+    >>> drafting_repays(300, 0.001, None, 0.1), drafting_repays(1000, 0.001, None, 0.1)
     (True, False)
-    >>> drafting_repays(0, 0.003, 2, -1.0, 0.1), drafting_repays(1000, 0.003, 1, -1.0, 0.1)
+    >>> drafting_repays(0, 0.003, -1.0, 0.1), drafting_repays(1000, None, -1.0, 0.1)
     (True, True)
     """
-    if not pending_tokens or batch_size < MIN_BATCH_SIZE or seconds_per_pending_token is None:
+    if not pending_tokens or seconds_per_pending_token is None:
         return True
     cost = pending_tokens * seconds_per_pending_token
     if saving_seconds is not None:

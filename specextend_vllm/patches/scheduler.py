@@ -15,7 +15,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from specextend_vllm.algorithm.block_twins import BlockTwins
 from specextend_vllm.algorithm.draft_length import DraftLengthChooser
-from specextend_vllm.algorithm.prompt_work import PromptWork, drafting_repays
+from specextend_vllm.algorithm.prompt_work import MIN_BATCH_SIZE, PromptWork, drafting_repays
 from specextend_vllm.patches.base import VllmDataclassField, VllmPatch
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import specextend_config, working_copy_manager_blocks
@@ -135,27 +135,38 @@ def weigh_prompt_work(
     scheduled_tokens = scheduler_output.num_scheduled_tokens
     batch_size = len(scheduled_tokens)
     num_drafts = scheduler_output.num_spec_tokens_to_schedule
-    if num_drafts:
+    if num_drafts and batch_size >= MIN_BATCH_SIZE:
         pending = work.missing.pending(scheduled_tokens, 1 + chooser.max_drafts)
-        saved_per_token = chooser.seconds_saved_per_token(batch_size, num_drafts)
-        saving = None
-        if saved_per_token is not None:
-            requests = scheduler.requests
-            remaining = sum(
-                requests[request_id].max_tokens - requests[request_id].num_output_tokens
-                for request_id in scheduled_tokens
-            )
-            saving = remaining / batch_size * saved_per_token
         if pending and not drafting_repays(
             pending,
             work.cost.seconds_per_token,
-            batch_size,
-            saving,
+            drafting_saving(scheduler, chooser, scheduled_tokens, num_drafts),
             chooser.plain_step_seconds(batch_size),
         ):
             num_drafts = scheduler_output.num_spec_tokens_to_schedule = 0
             scheduler_output.specextend_unrepaid_drafting = True
     work.missing.step(scheduled_tokens, drafts=num_drafts > 0)
+
+
+def drafting_saving(
+    scheduler: Any,
+    chooser: DraftLengthChooser,
+    scheduled_tokens: dict[str, int],
+    num_drafts: int,
+) -> float | None:
+    """What drafting saves the batch over the tokens its requests may still decode (each
+    request's `max_tokens` less what it decoded); None where its batch size measures
+    drafting."""
+    batch_size = len(scheduled_tokens)
+    saved_per_token = chooser.seconds_saved_per_token(batch_size, num_drafts)
+    if saved_per_token is None:
+        return None
+    requests = scheduler.requests
+    remaining = sum(
+        requests[request_id].max_tokens - requests[request_id].num_output_tokens
+        for request_id in scheduled_tokens
+    )
+    return remaining / batch_size * saved_per_token
 
 
 class SchedulerPreparesDrafting(VllmPatch):
