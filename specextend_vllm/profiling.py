@@ -138,6 +138,8 @@ def device_synchronizer(device: torch.device) -> Callable[[], None] | None:
 # Draft passes of at least this many tokens (and more than a decoding step's 1 + k per
 # request) are passes over prompts: prefills and catch-up passes.
 PROMPT_PASS_MIN_TOKENS = 64
+# The draft's pass that prices prompt tokens before it has passed over any prompt.
+PRICING_PASS_TOKENS = 256
 
 
 class DraftPassClock:

@@ -30,7 +30,12 @@ from specextend_vllm.algorithm.prefill_window import SINK_BLOCKS, windowed_rows
 from specextend_vllm.algorithm.positions import DraftRotation, WorkingCopies
 from specextend_vllm.config import KEYS_FIXED_AT_LOAD, METHOD_NAME, SpecExtendConfig
 from specextend_vllm.metrics import RetrievalMetrics
-from specextend_vllm.profiling import PROMPT_PASS_MIN_TOKENS, DraftPassClock, device_synchronizer
+from specextend_vllm.profiling import (
+    PRICING_PASS_TOKENS,
+    PROMPT_PASS_MIN_TOKENS,
+    DraftPassClock,
+    device_synchronizer,
+)
 from specextend_vllm.retrieval.planner import DraftGeometry, ReducedDraftView, RetrievalPlanner
 from specextend_vllm.final_layer_query import FinalLayerQuery
 from specextend_vllm.retrieval.scoring import ChunkScorer
@@ -78,6 +83,7 @@ class SpecExtendProposer(DraftModelProposer):
         self.draft_lag: DraftLag | None = None
         self._block_twins: Mapping[str, BlockTwins] = {}
         self._unrepaid_drafting = False
+        self._prompt_tokens_priced = False
         self._kernel_blocks_per_block = 1
         self.planner: RetrievalPlanner | None = None
         self.tree_session: TreeSession | None = None
@@ -332,6 +338,8 @@ class SpecExtendProposer(DraftModelProposer):
                 token_indices_to_sample,
                 common_attn_metadata,
             )
+        if self._unrepaid_drafting and not self._prompt_tokens_priced:
+            self._price_prompt_tokens()
         passes = self._draft_pass_clock.start() if self._times_passes(common_attn_metadata) else []
         if self._skips_draft_or_catches_up(
             batch_request_ids, num_speculative_tokens, target_positions, common_attn_metadata
@@ -395,11 +403,27 @@ class SpecExtendProposer(DraftModelProposer):
         least = max(PROMPT_PASS_MIN_TOKENS, num_reqs * (self.max_drafts + 1) + 1)
         prompt_passes = [(tokens, seconds) for tokens, seconds in passes if tokens >= least]
         if prompt_passes:
+            self._prompt_tokens_priced = True
             self.metrics.record_prompt_pass(
                 sum(tokens for tokens, _ in prompt_passes),
                 sum(seconds for _, seconds in prompt_passes),
             )
 
+    def _price_prompt_tokens(self) -> None:
+        """Where the scheduler took a batch's drafts back because no pass over prompts had
+        been timed yet: a pass of the draft over PRICING_PASS_TOKENS tokens, timed after one
+        more that warms its kernels to the shape, gives prompt tokens their price. Its
+        attention is left out (no metadata), a small share of a pass at these lengths; the
+        passes over real prompts soon outweigh it (`algorithm.prompt_work`)."""
+        num_tokens = min(PRICING_PASS_TOKENS, self.max_num_tokens)
+        passes = self._draft_pass_clock.start()
+        try:
+            for _ in range(2):
+                self.dummy_run(num_tokens, use_cudagraphs=False, is_graph_capturing=True)
+        finally:
+            self._draft_pass_clock.stop()
+        self._record_prompt_passes(passes[-1:], num_reqs=1)
+        self._prompt_tokens_priced = True
 
     def _skips_draft_or_catches_up(
         self,

@@ -15,13 +15,16 @@ So in a batch of B >= 2 requests, a step that `drafting: auto` would draft in fi
   tokens the batch's requests may still decode, (their sum / B) x (a plain step - a
   drafting step / the tokens it gives), from the chooser's measured step times and
   acceptance; where it measures drafting instead (first, or checking it again while it
-  keeps plain steps), a few plain steps' time: a measurement must not cost a catch-up of
-  whole prompts;
-and runs without drafts where the cost is larger. A request alone drafts as the chooser
-says: its prefill delays only its own first token (`draft_prefill: deferred` moves that
-too), and the draft KV of its prompt also serves later requests that share the prompt
-through the prefix cache (a conversation's next turn, the same document asked again),
-which no count of one request's tokens foresees.
+  keeps plain steps), a share of the plain steps left, or a few plain steps where that is
+  more: a measurement must not cost a catch-up of whole prompts that short answers never
+  repay, and long answers must get to measure;
+and runs without drafts where the cost is larger, or where it cannot be weighed yet (no
+pass over prompts timed, no plain step measured: the draft then prices prompt tokens in
+a pass of its own, and the step measures a plain step). A request alone drafts as the
+chooser says: its prefill delays only its own first token (`draft_prefill: deferred`
+moves that too), and the draft KV of its prompt also serves later requests that share the
+prompt through the prefix cache (a conversation's next turn, the same document asked
+again), which no count of one request's tokens foresees.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ MIN_BATCH_SIZE = 2
 # 2K prompts at concurrency 4 otherwise caught up 12,529 tokens in such steps, and came out
 # at 0.88x no speculation with their first tokens sooner than without speculation.
 MEASURING_CATCH_UP_STEPS = 4
+# ... or on at most this share of the plain steps its requests may still decode, where
+# that is more: a server's first fresh 2K prompts answered in 64 tokens were prefilled
+# through the draft and measured drafting before this bound had a price to work with, and
+# came out at 0.93-0.96x no speculation at concurrency 4.
+MEASURING_SHARE_OF_STEPS_LEFT = 0.5
 # Weight of the passes reported before the latest, in the seconds per token.
 PROMPT_PASS_DECAY = 0.8
 
@@ -126,32 +134,50 @@ class PromptWork:
 def drafting_repays(
     pending_tokens: int,
     seconds_per_pending_token: float | None,
-    saving_seconds: float | None,
+    plain_steps_left: float,
+    seconds_saved_per_step: float | None,
     plain_step_seconds: float | None,
 ) -> bool:
     """Whether a step of a batch (MIN_BATCH_SIZE requests or more) drafts, given the
-    draft's pending prompt work: where the batch keeps drafting (`saving_seconds`: what
-    drafting saves it over the tokens its requests may still decode), if that saving covers
-    the work; where it measures drafting (`saving_seconds` None: a batch size not measured
-    yet, or one that keeps plain steps and checks drafting again), if the work costs no
-    more than MEASURING_CATCH_UP_STEPS plain steps. Unpriced (no prompt pass timed yet), it
-    drafts.
+    draft's pending prompt work and the plain steps its requests may still decode (the
+    tokens they may still decode / the batch size): where the batch keeps drafting
+    (`seconds_saved_per_step`: what a drafting step saves per token it gives), if the
+    saving over those steps covers the work; where it measures drafting
+    (`seconds_saved_per_step` None: a batch size not measured yet, or one that keeps plain
+    steps and checks drafting again), if the work costs no more than
+    MEASURING_SHARE_OF_STEPS_LEFT of those steps, or MEASURING_CATCH_UP_STEPS steps. Not
+    where the work cannot be weighed yet: unpriced (no pass over prompts timed), or no
+    plain step measured.
 
-    1,000 prompt tokens at 1 ms (1.0 s) or at 3 ms (3.0 s) against a saving of 2.0 s:
+    1,000 prompt tokens at 1 ms (1.0 s) or at 3 ms (3.0 s) against 100 steps left, each
+    saving 20 ms (2.0 s):
 
-    >>> drafting_repays(1000, 0.001, 2.0, 0.1), drafting_repays(1000, 0.003, 2.0, 0.1)
+    >>> drafting_repays(1000, 0.001, 100, 0.02, 0.1), drafting_repays(1000, 0.003, 100, 0.02, 0.1)
     (True, False)
 
-    Measuring, against 4 plain steps of 0.1 s: 300 tokens at 1 ms, but not 1,000:
+    Measuring with 0.1 s plain steps: 1,000 tokens at 1 ms against 50 steps left (half of
+    them, 2.5 s), but not against 10 (4 steps, 0.4 s); 300 tokens against 4 steps:
 
-    >>> drafting_repays(300, 0.001, None, 0.1), drafting_repays(1000, 0.001, None, 0.1)
+    >>> drafting_repays(1000, 0.001, 50, None, 0.1), drafting_repays(1000, 0.001, 10, None, 0.1)
     (True, False)
-    >>> drafting_repays(0, 0.003, -1.0, 0.1), drafting_repays(1000, None, -1.0, 0.1)
-    (True, True)
+    >>> drafting_repays(300, 0.001, 10, None, 0.1)
+    True
+
+    Nothing pending; unpriced; no plain step measured:
+
+    >>> drafting_repays(0, None, 1, -1.0, None)
+    True
+    >>> drafting_repays(1000, None, 100, 0.02, 0.1), drafting_repays(1000, 0.001, 100, None, None)
+    (False, False)
     """
-    if not pending_tokens or seconds_per_pending_token is None:
+    if not pending_tokens:
         return True
+    if seconds_per_pending_token is None or plain_step_seconds is None:
+        return False
     cost = pending_tokens * seconds_per_pending_token
-    if saving_seconds is not None:
-        return saving_seconds >= cost
-    return plain_step_seconds is None or cost <= MEASURING_CATCH_UP_STEPS * plain_step_seconds
+    if seconds_saved_per_step is not None:
+        return plain_steps_left * seconds_saved_per_step >= cost
+    measuring_steps = max(
+        MEASURING_CATCH_UP_STEPS, MEASURING_SHARE_OF_STEPS_LEFT * plain_steps_left
+    )
+    return cost <= measuring_steps * plain_step_seconds

@@ -107,8 +107,8 @@ class SchedulerOutputCarriesUnrepaidDrafting(VllmDataclassField):
 class SchedulerWeighsPromptWork(VllmPatch):
     """With `drafting: auto`, a step of a batch that would draft first weighs the draft's
     pending work on prompts against what drafting saves over the tokens its requests may
-    still decode (or, measuring drafting, a few plain steps), and drafts nothing where that
-    would not repay it; then the scheduler's
+    still decode (or, measuring drafting, a share of the plain steps left), and drafts
+    nothing where that would not repay it or cannot be weighed yet; then the scheduler's
     account of the tokens the draft missed takes the step. Before vLLM's own update,
     which (with asynchronous scheduling) gives the requests the next step's draft
     placeholders by the step's number of drafts."""
@@ -140,7 +140,8 @@ def weigh_prompt_work(
         if pending and not drafting_repays(
             pending,
             work.cost.seconds_per_token,
-            drafting_saving(scheduler, chooser, scheduled_tokens, num_drafts),
+            plain_steps_left(scheduler, scheduled_tokens),
+            chooser.seconds_saved_per_token(batch_size, num_drafts),
             chooser.plain_step_seconds(batch_size),
         ):
             num_drafts = scheduler_output.num_spec_tokens_to_schedule = 0
@@ -148,25 +149,15 @@ def weigh_prompt_work(
     work.missing.step(scheduled_tokens, drafts=num_drafts > 0)
 
 
-def drafting_saving(
-    scheduler: Any,
-    chooser: DraftLengthChooser,
-    scheduled_tokens: dict[str, int],
-    num_drafts: int,
-) -> float | None:
-    """What drafting saves the batch over the tokens its requests may still decode (each
-    request's `max_tokens` less what it decoded); None where its batch size measures
-    drafting."""
-    batch_size = len(scheduled_tokens)
-    saved_per_token = chooser.seconds_saved_per_token(batch_size, num_drafts)
-    if saved_per_token is None:
-        return None
+def plain_steps_left(scheduler: Any, scheduled_tokens: dict[str, int]) -> float:
+    """The plain steps the batch may still decode: the tokens its requests may (each one's
+    `max_tokens` less what it decoded), over the batch size."""
     requests = scheduler.requests
     remaining = sum(
         requests[request_id].max_tokens - requests[request_id].num_output_tokens
         for request_id in scheduled_tokens
     )
-    return remaining / batch_size * saved_per_token
+    return remaining / len(scheduled_tokens)
 
 
 class SchedulerPreparesDrafting(VllmPatch):
