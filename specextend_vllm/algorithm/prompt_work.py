@@ -40,9 +40,8 @@ MIN_BATCH_SIZE = 2
 # at 0.88x no speculation with their first tokens sooner than without speculation.
 MEASURING_CATCH_UP_STEPS = 4
 # ... or on at most this share of the plain steps its requests may still decode, where
-# that is more: a server's first fresh 2K prompts answered in 64 tokens were prefilled
-# through the draft and measured drafting before this bound had a price to work with, and
-# came out at 0.93-0.96x no speculation at concurrency 4.
+# that is more: with the few plain steps alone, a batch of fresh long prompts would never
+# measure drafting, however long its answers.
 MEASURING_SHARE_OF_STEPS_LEFT = 0.5
 # Weight of the passes reported before the latest, in the seconds per token.
 PROMPT_PASS_DECAY = 0.8
