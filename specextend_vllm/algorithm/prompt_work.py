@@ -42,7 +42,7 @@ MEASURING_CATCH_UP_STEPS = 4
 # ... or on at most this share of the plain steps its requests may still decode, where
 # that is more: with the few plain steps alone, a batch of fresh long prompts would never
 # measure drafting, however long its answers.
-MEASURING_SHARE_OF_STEPS_LEFT = 0.5
+MEASURING_SHARE_OF_STEPS_LEFT = 0.1
 # Weight of the passes reported before the latest, in the seconds per token.
 PROMPT_PASS_DECAY = 0.8
 

@@ -244,13 +244,13 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
     slowed to SLOW_TARGET_S, each draft pass over a prompt to PROMPT_PASS_S. A fresh
     engine's first pair of prompts, answered in 6 tokens: no prompt token has a price yet,
     so the pair does not draft, the draft prices prompt tokens in a pass of its own and
-    never runs over those prompts. Two prompts answered in 64 tokens measure drafting in
-    pairs (their catch-up costs less than half the plain steps left) and draft. Two new
+    never runs over those prompts. Two prompts answered in 256 tokens measure drafting in
+    pairs (their catch-up costs less than a tenth of the plain steps left) and draft. Two new
     prompts answered in 6 tokens would save about 0.1 s by drafting, less than the draft's
     pass over their prompts costs: no drafts, and the draft never runs over those prompts.
     Four new prompts answered in 6 tokens come in a batch size not measured yet, whose
     measuring would catch up more than a few plain steps' worth: no drafts either. Two
-    more new prompts answered in 64 tokens repay it, and draft. Every output equals plain
+    more new prompts answered in 256 tokens repay it, and draft. Every output equals plain
     decoding. (Injected: unpriced steps drafted, the first pair drafted; the pricing pass
     left out, or the measuring bound left at 4 plain steps, no pair drafted; the weighing
     left out, the second short pair drafted; the tokens left counted as 1 each, no pair
@@ -264,9 +264,9 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
         random_prompts([100, 120], seed=seed) for seed in (25, 21, 22, 23)
     )
     four_short_answered = random_prompts([100, 110, 120, 130], seed=24)
-    short_tokens = 6
+    short_tokens, long_tokens = 6, 256
     plain = decode(
-        tiny_models["target"], long_prompts + long_answered, LONG_OUTPUT_TOKENS
+        tiny_models["target"], long_prompts + long_answered, long_tokens
     ).outputs
     plain_short = decode(
         tiny_models["target"],
@@ -280,10 +280,10 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
         after: list[tuple[dict[str, float], dict[str, Any]]] = []
         for batch, max_tokens, expected in (
             (first_short_answered, short_tokens, plain_short[:2]),
-            (long_prompts, LONG_OUTPUT_TOKENS, plain[:2]),
+            (long_prompts, long_tokens, plain[:2]),
             (short_answered, short_tokens, plain_short[2:4]),
             (four_short_answered, short_tokens, plain_short[4:]),
-            (long_answered, LONG_OUTPUT_TOKENS, plain[2:]),
+            (long_answered, long_tokens, plain[2:]),
         ):
             assert generate_ids(llm, batch, max_tokens) == expected
             after.append((spec_decode_counts(llm), retrieval_stats(llm)[0]))
@@ -300,12 +300,12 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
     assert drafts[0] == 0 and unrepaid[0] >= 2 * (short_tokens - 1)
     assert prompt_pass_tokens[0] == PRICING_PASS_TOKENS
     assert runs[0][1]["prompt_pass_seconds"] >= PROMPT_PASS_S
-    # A pair decoding 64 tokens with every draft accepted drafts in about 2 x 16 steps.
-    assert drafts[1] >= 16 and prompt_pass_tokens[1] - prompt_pass_tokens[0] >= 220
+    # A pair decoding 256 tokens with every draft accepted drafts in about 2 x 64 steps.
+    assert drafts[1] >= 64 and prompt_pass_tokens[1] - prompt_pass_tokens[0] >= 220
     assert drafts[2] == drafts[1] and unrepaid[2] - unrepaid[1] >= 2 * (short_tokens - 1)
     assert drafts[3] == drafts[2] and unrepaid[3] - unrepaid[2] >= 4 * (short_tokens - 1)
     assert prompt_pass_tokens[3] == prompt_pass_tokens[1]
-    assert drafts[4] - drafts[3] >= 16 and unrepaid[4] == unrepaid[3]
+    assert drafts[4] - drafts[3] >= 64 and unrepaid[4] == unrepaid[3]
 
 
 def test_steps_without_drafts_skip_the_draft_which_catches_up_when_drafting_resumes(
