@@ -392,9 +392,7 @@ class SpecExtendProposer(DraftModelProposer):
         """Whether this step's draft may pass over prompts: a request lags (a catch-up), or
         one's pass is longer than a decoding step's."""
         assert self.draft_lag is not None
-        num_reqs = metadata.num_reqs
-        query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
-        return self.draft_lag.may_lag or bool(self._writes_prompt_kv(query_lens).any())
+        return self.draft_lag.may_lag or bool(self._writes_prompt_kv(query_lens(metadata)).any())
 
     def _record_prompt_passes(self, passes: list[tuple[int, float]], num_reqs: int) -> None:
         """The step's draft passes over prompts, among its catch-up passes and first pass
@@ -422,7 +420,7 @@ class SpecExtendProposer(DraftModelProposer):
                 self.dummy_run(num_tokens, use_cudagraphs=False, is_graph_capturing=True)
         finally:
             self._draft_pass_clock.stop()
-        self._record_prompt_passes(passes[-1:], num_reqs=1)
+        self.metrics.record_prompt_pass(*passes[-1])
         self._prompt_tokens_priced = True
 
     def _skips_draft_or_catches_up(
@@ -438,9 +436,7 @@ class SpecExtendProposer(DraftModelProposer):
         draft's KV of the tokens its requests missed."""
         skips = num_speculative_tokens == 0
         if not skips and self.method_config.draft_prefill == "deferred":
-            num_reqs = metadata.num_reqs
-            query_lens = np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy())
-            skips = bool(self._writes_prompt_kv(query_lens).all())
+            skips = bool(self._writes_prompt_kv(query_lens(metadata)).all())
         draft_lag = self.draft_lag
         assert draft_lag is not None
         if not skips and not draft_lag.may_lag:
@@ -461,7 +457,7 @@ class SpecExtendProposer(DraftModelProposer):
             first_positions=target_positions[metadata.query_start_loc[:num_reqs].long()]
             .cpu()
             .numpy(),
-            query_lens=np.diff(metadata.query_start_loc_cpu[: num_reqs + 1].numpy()),
+            query_lens=query_lens(metadata),
             block_table=metadata.block_table_tensor[:num_reqs].cpu().numpy(),
         )
 
@@ -688,3 +684,8 @@ class SpecExtendProposer(DraftModelProposer):
         ):
             hidden_states = self.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
         return hidden_states[0] if self.model_returns_tuple() else hidden_states
+
+
+def query_lens(metadata: Any) -> np.ndarray:
+    """[num_reqs] the tokens each request's pass computes this step."""
+    return np.diff(metadata.query_start_loc_cpu[: metadata.num_reqs + 1].numpy())
