@@ -12,12 +12,12 @@ So in a batch of B >= 2 requests, a step that `drafting: auto` would draft in fi
   without the draft, and the prompt tokens this step prefills), times the draft's
   measured seconds per token of its passes over prompts;
 - where the batch size keeps drafting, the saving: the time drafting saves over the
-  tokens the batch's requests may still decode, (their sum / B) x (a plain step - a
-  drafting step / the tokens it gives), from the chooser's measured step times and
-  acceptance; where it measures drafting instead (first, or checking it again while it
-  keeps plain steps), a share of the plain steps left, or a few plain steps where that is
-  more: a measurement must not cost a catch-up of whole prompts that short answers never
-  repay, and long answers must get to measure;
+  tokens the batch's requests may still decode (`algorithm.answer_length`), (their sum /
+  B) x (a plain step - a drafting step / the tokens it gives), from the chooser's measured
+  step times and acceptance; where it measures drafting instead (first, or checking it
+  again while it keeps plain steps), a share of the plain steps left, or a few plain steps
+  where that is more: a measurement must not cost a catch-up of whole prompts that short
+  answers never repay, and long answers must get to measure;
 and runs without drafts where the cost is larger, or where it cannot be weighed yet (no
 pass over prompts timed, no plain step measured: the draft then prices prompt tokens in
 a pass of its own, and the step measures a plain step). A request alone drafts as the
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+
+from specextend_vllm.algorithm.answer_length import AnswerLengths
 
 # Batches from this size weigh the draft's pending prompt work.
 MIN_BATCH_SIZE = 2
@@ -129,6 +131,7 @@ class PromptWork:
 
     cost: PromptPassCost = dataclasses.field(default_factory=PromptPassCost)
     missing: MissingDraftTokens = dataclasses.field(default_factory=MissingDraftTokens)
+    answers: AnswerLengths = dataclasses.field(default_factory=AnswerLengths)
 
 
 def drafting_repays(

@@ -36,6 +36,7 @@ PATCHES: tuple[type[VllmPatch], ...] = (
     scheduler.SchedulerOutputCarriesUnrepaidDrafting,
     scheduler.SchedulerPreparesDrafting,
     scheduler.SchedulerWeighsPromptWork,
+    scheduler.SchedulerLearnsAnswerLengths,
     scheduler.SchedulerMeasuresDrafting,
     metrics.WorkerReportsRetrievalStats,
     metrics.RunnerOutputCarriesCounts,

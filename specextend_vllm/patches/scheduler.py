@@ -12,7 +12,9 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
 
+from specextend_vllm.algorithm.answer_length import AnswerLengths
 from specextend_vllm.algorithm.block_twins import BlockTwins
 from specextend_vllm.algorithm.draft_length import DraftLengthChooser
 from specextend_vllm.algorithm.prompt_work import MIN_BATCH_SIZE, PromptWork, drafting_repays
@@ -140,7 +142,7 @@ def weigh_prompt_work(
         if pending and not drafting_repays(
             pending,
             work.cost.seconds_per_token,
-            plain_steps_left(scheduler, scheduled_tokens),
+            plain_steps_left(scheduler, work.answers, scheduled_tokens),
             chooser.seconds_saved_per_token(batch_size, num_drafts),
             chooser.plain_step_seconds(batch_size),
         ):
@@ -149,15 +151,38 @@ def weigh_prompt_work(
     work.missing.step(scheduled_tokens, drafts=num_drafts > 0)
 
 
-def plain_steps_left(scheduler: Any, scheduled_tokens: dict[str, int]) -> float:
+def plain_steps_left(
+    scheduler: Any, answers: AnswerLengths, scheduled_tokens: dict[str, int]
+) -> float:
     """The plain steps the batch may still decode: the tokens its requests may (each one's
-    `max_tokens` less what it decoded), over the batch size."""
-    requests = scheduler.requests
-    remaining = sum(
-        requests[request_id].max_tokens - requests[request_id].num_output_tokens
-        for request_id in scheduled_tokens
+    `max_tokens` less what it decoded, or fewer where the answers that ended say so), over
+    the batch size."""
+    requests = [scheduler.requests[request_id] for request_id in scheduled_tokens]
+    decoded = np.fromiter(
+        (request.num_output_tokens for request in requests), dtype=np.int64, count=len(requests)
     )
-    return remaining / len(scheduled_tokens)
+    max_tokens = np.fromiter(
+        (request.max_tokens for request in requests), dtype=np.int64, count=len(requests)
+    )
+    return float(answers.tokens_left(decoded, max_tokens - decoded).sum()) / len(requests)
+
+
+# Aborted requests say nothing of how long their answers would have run.
+ENDED_ANSWERS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+class SchedulerLearnsAnswerLengths(VllmPatch):
+    """With `drafting: auto`, each answer that ends (stopped, or at its `max_tokens`) adds its
+    length to what the weighing of prompt work counts on (`algorithm.answer_length`)."""
+
+    target = Scheduler
+    attribute = "_free_request"
+
+    @staticmethod
+    def replacement(self: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
+        if request.status in ENDED_ANSWERS and draft_length_chooser(self) is not None:
+            getattr(self, _PROMPT_WORK).answers.add(request.num_output_tokens)
+        return SchedulerLearnsAnswerLengths.original(self, request, *args, **kwargs)
 
 
 class SchedulerPreparesDrafting(VllmPatch):

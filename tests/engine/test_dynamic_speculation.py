@@ -249,13 +249,16 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
     prompts answered in 6 tokens would save about 0.1 s by drafting, less than the draft's
     pass over their prompts costs: no drafts, and the draft never runs over those prompts.
     Four new prompts answered in 6 tokens come in a batch size not measured yet, whose
-    measuring would catch up more than a few plain steps' worth: no drafts either. Two
-    more new prompts answered in 256 tokens repay it, and draft. Every output equals plain
-    decoding. (Injected: unpriced steps drafted, the first pair drafted; the pricing pass
-    left out, or the measuring bound left at 4 plain steps, no pair drafted; the weighing
-    left out, the second short pair drafted; the tokens left counted as 1 each, no pair
-    drafted past the first measuring steps; measuring steps not bounded, the four
-    drafted.)"""
+    measuring would catch up more than a few plain steps' worth: no drafts either. Two new
+    prompts allowed 256 tokens that stop at a stop token within 6: most answers so far
+    ended by 6 tokens, so they count on about 6 and do not draft. Two more new prompts
+    answered in 256 tokens repay it once they outlive the short answers, and draft. Every
+    output equals plain decoding. (Injected: unpriced steps drafted, the first pair
+    drafted; the pricing pass left out, or the measuring bound left at 4 plain steps, no
+    pair drafted; the weighing left out, the second short pair drafted; the tokens left
+    counted as 1 each, no pair drafted past the first measuring steps; measuring steps not
+    bounded, the four drafted; the answers' lengths not counted on, the pair that stops
+    early drafted.)"""
     from specextend_vllm import retrieval_stats
     from specextend_vllm.profiling import PRICING_PASS_TOKENS
 
@@ -264,29 +267,53 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
         random_prompts([100, 120], seed=seed) for seed in (25, 21, 22, 23)
     )
     four_short_answered = random_prompts([100, 110, 120, 130], seed=24)
+    stopping_early = random_prompts([100, 120], seed=26)
     short_tokens, long_tokens = 6, 256
     plain = decode(
         tiny_models["target"], long_prompts + long_answered, long_tokens
     ).outputs
     plain_short = decode(
         tiny_models["target"],
-        first_short_answered + short_answered + four_short_answered,
+        first_short_answered + short_answered + four_short_answered + stopping_early,
         short_tokens,
     ).outputs
+    stop_tokens = [output[-1] for output in plain_short[-2:]]
+    plain_stopped = [
+        output[: output.index(stop) + 1] for output, stop in zip(plain_short[-2:], stop_tokens)
+    ]
 
     def run(llm: Any) -> list[tuple[dict[str, float], dict[str, Any]]]:
+        from vllm import SamplingParams
+
         llm.collective_rpc(functools.partial(slow_down, drafter=False, seconds=SLOW_TARGET_S))
         llm.collective_rpc(functools.partial(slow_prompt_passes, seconds=PROMPT_PASS_S))
         after: list[tuple[dict[str, float], dict[str, Any]]] = []
+
+        def counts() -> None:
+            after.append((spec_decode_counts(llm), retrieval_stats(llm)[0]))
+
         for batch, max_tokens, expected in (
             (first_short_answered, short_tokens, plain_short[:2]),
             (long_prompts, long_tokens, plain[:2]),
             (short_answered, short_tokens, plain_short[2:4]),
-            (four_short_answered, short_tokens, plain_short[4:]),
-            (long_answered, long_tokens, plain[2:]),
+            (four_short_answered, short_tokens, plain_short[4:8]),
         ):
             assert generate_ids(llm, batch, max_tokens) == expected
-            after.append((spec_decode_counts(llm), retrieval_stats(llm)[0]))
+            counts()
+        stopped = llm.generate(
+            [{"prompt_token_ids": p} for p in stopping_early],
+            [
+                SamplingParams(
+                    max_tokens=long_tokens, temperature=0.0, ignore_eos=True, stop_token_ids=[stop]
+                )
+                for stop in stop_tokens
+            ],
+            use_tqdm=False,
+        )
+        assert [list(o.outputs[0].token_ids) for o in stopped] == plain_stopped
+        counts()
+        assert generate_ids(llm, long_answered, long_tokens) == plain[2:]
+        counts()
         return after
 
     runs = on_engine(tiny_models["target"], config, run)
@@ -305,7 +332,8 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
     assert drafts[2] == drafts[1] and unrepaid[2] - unrepaid[1] >= 2 * (short_tokens - 1)
     assert drafts[3] == drafts[2] and unrepaid[3] - unrepaid[2] >= 4 * (short_tokens - 1)
     assert prompt_pass_tokens[3] == prompt_pass_tokens[1]
-    assert drafts[4] - drafts[3] >= 64 and unrepaid[4] == unrepaid[3]
+    assert drafts[4] == drafts[3] and prompt_pass_tokens[4] == prompt_pass_tokens[3]
+    assert drafts[5] - drafts[4] >= 64
 
 
 def test_steps_without_drafts_skip_the_draft_which_catches_up_when_drafting_resumes(
