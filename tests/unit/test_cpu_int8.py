@@ -12,6 +12,11 @@ from specextend_vllm.vllm_access.cpu_int8 import SMALL_BATCH_MAX_ROWS, SmallBatc
 from tests.kernels.test_int8_linear import random_layer
 
 ZEN3_FLAGS = "fpu vme sse sse2 avx avx2 fma bmi2 sha_ni vaes vpclmulqdq"
+# `cpu_int8` imported vLLM's ops above; a CUDA build of vLLM has no oneDNN GEMM.
+requires_vllm_onednn = pytest.mark.skipif(
+    not hasattr(torch.ops._C, "onednn_scaled_mm"),
+    reason="vLLM's oneDNN int8 GEMM is in its CPU build only",
+)
 
 
 def cpuinfo(tmp_path: Path, flags: str, name: str = "cpuinfo") -> Path:
@@ -50,6 +55,7 @@ def test_warns_once_where_int8_has_no_dot_products(
         assert "avx512_vnni" in warnings[0] and "unquantized" in warnings[0]
 
 
+@requires_vllm_onednn
 @pytest.mark.parametrize("rows", [1, SMALL_BATCH_MAX_ROWS, SMALL_BATCH_MAX_ROWS + 1, 16])
 def test_small_batches_take_the_kernel_and_larger_ones_onednn(rows: int) -> None:
     from vllm import _custom_ops as vllm_ops
@@ -67,6 +73,7 @@ def test_small_batches_take_the_kernel_and_larger_ones_onednn(rows: int) -> None
         torch.testing.assert_close(output[0], reference, rtol=1e-5, atol=1e-5)
 
 
+@requires_vllm_onednn
 def test_the_choice_stays_inside_one_compiled_graph() -> None:
     """Compiled, the number of tokens is a symbol: choosing in traced Python would guard on
     it and compile again (or keep one choice for every size)."""
