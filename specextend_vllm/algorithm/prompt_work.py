@@ -127,7 +127,8 @@ class MissingDraftTokens:
 
 @dataclasses.dataclass
 class PromptWork:
-    """What the scheduler knows of the draft's work on prompts."""
+    """What the scheduler weighs the draft's work on prompts with: its price, the tokens
+    missing, and the lengths of the answers that ended (for the tokens left)."""
 
     cost: PromptPassCost = dataclasses.field(default_factory=PromptPassCost)
     missing: MissingDraftTokens = dataclasses.field(default_factory=MissingDraftTokens)

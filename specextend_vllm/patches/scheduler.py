@@ -157,14 +157,15 @@ def plain_steps_left(
     """The plain steps the batch may still decode: the tokens its requests may (each one's
     `max_tokens` less what it decoded, or fewer where the answers that ended say so), over
     the batch size."""
-    requests = [scheduler.requests[request_id] for request_id in scheduled_tokens]
-    decoded = np.fromiter(
-        (request.num_output_tokens for request in requests), dtype=np.int64, count=len(requests)
-    )
-    max_tokens = np.fromiter(
-        (request.max_tokens for request in requests), dtype=np.int64, count=len(requests)
-    )
-    return float(answers.tokens_left(decoded, max_tokens - decoded).sum()) / len(requests)
+    requests = scheduler.requests
+    decoded, max_tokens = np.array(
+        [
+            (requests[request_id].num_output_tokens, requests[request_id].max_tokens)
+            for request_id in scheduled_tokens
+        ],
+        dtype=np.int64,
+    ).T
+    return float(answers.tokens_left(decoded, max_tokens - decoded).sum()) / len(decoded)
 
 
 # Aborted requests say nothing of how long their answers would have run.
