@@ -8,7 +8,7 @@ One `specextend` engine (the int8 draft, k = 4, drafting every step on the reduc
 `draft_lm_head: int8`) decodes one text cut to each length (longest first, so the shorter
 prompts' prefill comes from the prefix cache), `--max-tokens` greedy tokens per decode. The
 draft's int8 layers and its int8 LM head are switched on the running engine between the
-plugin's kernel (`ops.int8_linear` for up to 4 tokens, what the plugin installs on CPUs with
+plugin's kernel (`ops.int8_linear` for up to 5 tokens, what the plugin installs on CPUs with
 AVX-512 VNNI) and vLLM's oneDNN GEMM, alternating decode by decode (`--repeats` decodes of
 each), so that a machine that speeds up or slows down during the run moves both alike. Per
 length and kernel, medians (min-max) of the step timings: the draft's later passes (one

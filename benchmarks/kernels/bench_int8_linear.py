@@ -3,15 +3,16 @@ against vLLM's CPU int8 GEMM (oneDNN, prepacked, with its per-token quantization
 shapes of the Qwen2.5-Coder 0.5B draft's 24 layers (qkv 1152 x 896, o 896 x 896, gate_up
 9728 x 896, down 896 x 4864; random int8 weights, a distinct copy per layer so that, as in
 a forward pass, the weights come from memory and not from cache). Milliseconds per pass
-over the 24 layers, median of 9, for 1 to 16 tokens; and the LM head's 32K kept rows
-(`draft_vocab`) and the whole vocabulary's (151,936 rows) for 1 token. Prints a table and
-writes benchmarks/results/int8_linear_cpu.json.
+over the 24 layers, median of 9, for 1 to 16 tokens (the plugin takes up to 5); and the LM
+head's 32K kept rows (`draft_vocab`) and the whole vocabulary's (151,936 rows) for 1 token.
+Prints a table and writes benchmarks/results/int8_linear_cpu.json (or `--output`'s name).
 
-    python -m benchmarks.kernels.bench_int8_linear
+    python -m benchmarks.kernels.bench_int8_linear [--output int8_linear_cpu_amd]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,9 @@ LAYER_SHAPES = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "do
 NUM_LAYERS = 24
 LM_HEAD_ROWS = {"LM head, 32K kept rows": 32768, "LM head, whole vocabulary": 151936}
 HIDDEN_SIZE = 896
-TOKENS = (1, 2, 4, 5, 8, 16)
+TOKENS = (1, 2, 4, 5, 6, 7, 8, 16)
 REPEATS = 9
-OUTPUT = Path(__file__).resolve().parents[1] / "results" / "int8_linear_cpu.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def int8_layer(out_features: int, in_features: int) -> dict[str, Any]:
@@ -55,6 +56,9 @@ def pass_ms(layers: list[dict[str, Any]], linear: Any, num_tokens: int) -> float
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default="int8_linear_cpu", help="a name under benchmarks/results")
+    output = RESULTS / f"{parser.parse_args().output}.json"
     layers = [int8_layer(*shape) for _ in range(NUM_LAYERS) for shape in LAYER_SHAPES.values()]
     rows = []
     for num_tokens in TOKENS:
@@ -77,8 +81,8 @@ def main() -> None:
     for row in rows:
         print(f"| {row['what']} | {row['tokens']} | {row['vllm_onednn_ms']:.2f} | {row['plugin_int8_linear_ms']:.2f} |")
     record = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
-    OUTPUT.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"saved {OUTPUT}")
+    output.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"saved {output}")
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ INT8_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 # What `ops.int8_linear`'s vectorized path needs (the op runs anywhere, slower without).
 SMALL_BATCH_KERNEL_FLAGS = frozenset({"avx512bw", "avx512_vnni"})
 # Up to this many rows (tokens) `ops.int8_linear` is faster than vLLM's oneDNN GEMM, beyond
-# it slower: over the 24 layers of the 0.5B draft (2 threads, AMX Xeon,
-# `benchmarks.kernels.bench_int8_linear`), 19.7 against 26.5 ms for 1 row, 23.5 against 25.6
-# for 4, 25.8 against 25.7 for 5, 30.5 against 29.4 for 8.
-SMALL_BATCH_MAX_ROWS = 4
+# it slower: over the 24 layers of the 0.5B draft (2 threads, an AMD EPYC with AVX512-VNNI,
+# `bash scripts/bench.sh int8_linear_cpu_amd`), 6.80 against 7.90 ms for 1 row, 8.67
+# against 9.08 for 4, 9.46 against 9.77 for 5 (a first draft pass of a chain of 4 at batch
+# 1), 10.22 against 9.97 for 6, 20.96 against 15.06 for 16.
+SMALL_BATCH_MAX_ROWS = 5
 
 
 @functools.cache

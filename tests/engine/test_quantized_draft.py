@@ -7,7 +7,7 @@ that ran is the int8 one: every linear layer int8 but the one the checkpoint lef
 list of unquantized layers matched nothing before the plugin extended it), and its logits
 come from its LM head in int8 (`draft_lm_head: auto`) where the CPU has int8 dot products.
 Where the plugin's small-batch int8 kernel runs vectorized (AVX-512 VNNI), the draft's int8
-layers take it (`ops.int8_linear` for up to 4 tokens, oneDNN beyond)."""
+layers take it (`ops.int8_linear` for up to 5 tokens, oneDNN beyond)."""
 
 from __future__ import annotations
 

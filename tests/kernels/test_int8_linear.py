@@ -20,9 +20,14 @@ def random_layer(out_features: int, in_features: int, seed: int) -> tuple[torch.
     return weight, weight_scales, bias
 
 
-# (rows, out features, in features): in features past and short of the 64 values a vector
-# step takes, out features short of the 4 rows multiplied together and of a thread's 16.
-SHAPES = [(1, 4, 64), (1, 37, 70), (2, 16, 896), (3, 129, 200), (4, 50, 4864), (7, 5, 63), (9, 33, 130)]
+# (rows, out features, in features): rows of every pass size (a pass takes up to 8) and past
+# one or two passes; in features past and short of the 64 values a vector step takes, and
+# an odd number of such steps (they go in pairs); out features short of the 4 rows summed
+# up together and of a thread's 16.
+SHAPES = [
+    (1, 4, 64), (1, 37, 70), (2, 16, 896), (3, 129, 200), (4, 50, 4864), (5, 12, 192),
+    (6, 20, 128), (7, 5, 63), (8, 9, 4864), (9, 33, 130), (17, 6, 300),
+]
 
 
 @pytest.mark.parametrize("rows,out_features,in_features", SHAPES)
