@@ -28,8 +28,8 @@ SMALL_BATCH_KERNEL_FLAGS = frozenset({"avx512bw", "avx512_vnni"})
 # Up to this many rows (tokens) `ops.int8_linear` is faster than vLLM's oneDNN GEMM, beyond
 # it slower: over the 24 layers of the 0.5B draft (2 threads, an AMD EPYC with AVX512-VNNI,
 # `bash scripts/bench.sh int8_linear_cpu_amd`), 6.80 against 7.90 ms for 1 row, 8.67
-# against 9.08 for 4, 9.46 against 9.77 for 5 (a first draft pass of a chain of 4 at batch
-# 1), 10.22 against 9.97 for 6, 20.96 against 15.06 for 16.
+# against 9.08 for 4, 9.46 against 9.77 for 5, 10.22 against 9.97 for 6 (a chain's first
+# draft pass at batch 1: k + 1 tokens and vLLM's extra slot), 20.96 against 15.06 for 16.
 SMALL_BATCH_MAX_ROWS = 5
 
 
