@@ -10,6 +10,7 @@ from benchmarks.engine import (
     mean_acceptance_length,
     time_breakdown,
 )
+from benchmarks.forward_parts import PartClock, decode_figures, prefill_figures
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
 
 
@@ -37,6 +38,37 @@ def test_time_breakdown_leaves_out_prefill_steps() -> None:
     assert breakdown["step_s"] == 0.6 and breakdown["target_forward_s"] == 0.2
     assert breakdown["first_draft_pass_s"] == 0.1 and breakdown["later_draft_pass_s"] == 0.05
     assert abs(breakdown["other_s"] - 0.1) < 1e-12
+
+
+def test_part_clock_times_each_call_by_the_tokens_in_its_pass() -> None:
+    clock = PartClock()
+    linear = torch.nn.Linear(4, 2)
+    clock.attach(linear, "target", "qkv")
+    linear(torch.zeros(3, 4))
+    linear(input=torch.zeros(3, 4))
+    linear(torch.zeros(1, 4))
+    rows = {(model, part, tokens): calls for model, part, tokens, _, calls in clock.read()}
+    assert rows == {("target", "qkv", 3): 2, ("target", "qkv", 1): 1}
+    assert clock.read() == []
+
+
+def test_forward_parts_per_forward_and_over_prompts() -> None:
+    rows = [
+        ("target", "layers", 1, 0.28, 56),
+        ("target", "qkv", 1, 0.02, 56),
+        ("target", "lm_head", 1, 0.04, 2),
+        ("target", "layers", 5, 0.5, 28),
+        ("target", "layers", 3000, 10.0, 28),
+        ("target", "lm_head", 3000, 1.0, 1),
+        ("draft", "layers", 3000, 1.5, 24),
+    ]
+    plain = decode_figures(rows, "target", 1, num_layers=28)
+    assert plain["layers"] == 140.0 and plain["qkv"] == 10.0 and plain["lm_head"] == 20.0
+    assert plain["attention"] == 0.0
+    assert decode_figures(rows, "target", 9, num_layers=28) == {}
+    assert prefill_figures(rows, "target")["layers"] == 10.0
+    assert "lm_head" not in prefill_figures(rows, "target")
+    assert prefill_figures(rows, "draft")["layers"] == 1.5
 
 
 def test_needle_value_is_seeded_digits() -> None:
