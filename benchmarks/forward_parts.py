@@ -30,11 +30,9 @@ import statistics
 import time
 from typing import Any
 
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the hooks go in on the worker
-
-from benchmarks import assets, engine  # noqa: E402
-from benchmarks.draft_cost import DEFAULT_TEXT  # noqa: E402
-from benchmarks.prompts import summary_prompt  # noqa: E402
+from benchmarks import assets, engine
+from benchmarks.draft_cost import DEFAULT_TEXT
+from benchmarks.prompts import summary_prompt
 
 # Each decoder layer's parts; the rotary embedding is one module shared by every layer.
 LAYER_PARTS = (
@@ -81,14 +79,11 @@ class PartClock:
         return rows
 
 
-def install(worker: Any) -> int:
-    """Hooks the target's and (if any) the draft's parts; returns the models hooked."""
+def install(worker: Any) -> None:
+    """Hooks the target's and the draft's parts."""
     runner = worker.model_runner
-    models = {"target": runner.model}
-    if getattr(runner, "drafter", None) is not None:
-        models["draft"] = runner.drafter.model
     clock = worker.forward_parts_clock = PartClock()
-    for name, model in models.items():
+    for name, model in (("target", runner.model), ("draft", runner.drafter.model)):
         clock.attach(model.logits_processor, name, "lm_head")
         clock.attach(model.model.layers[0].get_submodule("self_attn.rotary_emb"), name, "rotary")
         for layer in model.model.layers:
