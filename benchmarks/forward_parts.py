@@ -90,7 +90,6 @@ def install(worker: Any) -> None:
             clock.attach(layer, name, "layers")
             for part, path in LAYER_PARTS:
                 clock.attach(layer.get_submodule(path), name, part)
-    return len(models)
 
 
 def read(worker: Any) -> list[tuple[str, str, int, float, int]]:
