@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import statistics
 import time
 from typing import Any
 
 from benchmarks import assets, engine
-from benchmarks.draft_cost import DEFAULT_TEXT
+from benchmarks.draft_cost import DEFAULT_TEXT, summary
 from benchmarks.prompts import summary_prompt
 
 # Each decoder layer's parts; the rotary embedding is one module shared by every layer.
@@ -46,6 +45,8 @@ LAYER_PARTS = (
     ("down", "mlp.down_proj"),
 )
 CHARACTERS_PER_TOKEN = 6
+# (model, part, tokens in the pass, seconds, calls)
+Rows = list[tuple[str, str, int, float, int]]
 PARTS = (
     "qkv", "rotary", "attention", "o", "norms", "gate_up", "activation", "down", "lm_head", "layers"
 )
@@ -72,7 +73,7 @@ class PartClock:
         module.register_forward_pre_hook(before, with_kwargs=True)
         module.register_forward_hook(after, with_kwargs=True)
 
-    def read(self) -> list[tuple[str, str, int, float, int]]:
+    def read(self) -> Rows:
         rows = [(*key, seconds, self.calls[key]) for key, seconds in self.seconds.items()]
         self.seconds.clear()
         self.calls.clear()
@@ -92,11 +93,8 @@ def install(worker: Any) -> None:
                 clock.attach(layer.get_submodule(path), name, part)
 
 
-def read(worker: Any) -> list[tuple[str, str, int, float, int]]:
+def read(worker: Any) -> Rows:
     return worker.forward_parts_clock.read()
-
-
-Rows = list[tuple[str, str, int, float, int]]
 
 
 def decode_figures(rows: Rows, model: str, tokens: int, num_layers: int) -> dict[str, float]:
@@ -116,10 +114,6 @@ def prefill_figures(rows: Rows, model: str) -> dict[str, float]:
     return {part: totals[part] for part in PARTS if part != "lm_head"}
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def measure(llm: Any, prompt: list[int], args: Any) -> dict[str, Any]:
     """One prompt: its prefill's parts, then the rounds' plain and verifying forwards'."""
     from benchmarks.draft_length_modes import (
@@ -134,9 +128,7 @@ def measure(llm: Any, prompt: list[int], args: Any) -> dict[str, Any]:
     # Drafting from the prefill step on, so that the draft writes its KV of the prompt there.
     with fixed_draft_length(chooser, args.k):
         [first], _ = engine.generate(llm, [prompt], args.max_tokens)
-    prefill_rows = [
-        row for row in llm.collective_rpc(read)[0] if row[2] > engine.MAX_DECODE_STEP_TOKENS
-    ]
+    prefill_rows = llm.collective_rpc(read)[0]
     modes = {"plain": (0, 1), "verifying": (args.k, args.k + 1)}
     forwards: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     same_output = True
