@@ -89,6 +89,7 @@ def make_paged_batch(
     cache_dtype: torch.dtype = torch.float32,
     query_dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    head_dim: int = HEAD_DIM,
 ) -> PagedBatch:
     """Random queries and keys (stored at cache precision), scattered into shuffled
     blocks of a cache with spare blocks; block table rows are padded with -1."""
@@ -103,13 +104,13 @@ def make_paged_batch(
         block_ids = block_ids[count:]
 
     dense_keys = [
-        torch.randn(n, num_kv_heads, HEAD_DIM, generator=generator).to(cache_dtype).float()
+        torch.randn(n, num_kv_heads, head_dim, generator=generator).to(cache_dtype).float()
         for n in context_lens
     ]
     raw = scatter_into_raw_cache(
         dense_keys, block_table, num_blocks, block_size, layout, cache_dtype, generator
     )
-    query = torch.randn(len(context_lens), num_q_heads, HEAD_DIM, generator=generator)
+    query = torch.randn(len(context_lens), num_q_heads, head_dim, generator=generator)
     return PagedBatch(
         query=query.to(query_dtype),
         dense_keys=dense_keys,
@@ -117,7 +118,7 @@ def make_paged_batch(
         key_cache=key_cache_view(raw),
         block_table=block_table,
         context_lens=torch.tensor(context_lens, dtype=torch.int32),
-        scale=HEAD_DIM**-0.5,
+        scale=head_dim**-0.5,
     )
 
 

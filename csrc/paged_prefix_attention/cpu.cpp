@@ -139,21 +139,41 @@ SplitPlan plan_splits(const PagedPrefixAttentionShape& shape,
   return plan;
 }
 
-// A tile of kRowTile rows by kTileColumns keys (or value dims) keeps its
-// accumulators in kRowTile * kTileVectors vector registers: 24 of AVX-512's 32,
-// 12 of AVX2's 16, 6 of SSE's 16 (measured fastest).
+// A register tile of kRows query rows by kVectors vectors of keys (or value
+// dims) keeps its accumulators in kRows * kVectors vector registers.
+template <int64_t kRows, int64_t kVectors>
+struct TileShape;
+
+// Wide tiles read whole 512-byte rows of keys and values, in memory order;
+// tall tiles reuse each loaded vector for more rows. On AVX-512 (24 of 32
+// registers each) tall tiles win from kMinTallTileRows rows on (5 tokens of a
+// GQA group of 6), wide ones below (measured); on AVX2 (12 of 16) and SSE (6
+// of 16) one shape serves both.
 #if defined(__AVX512F__)
 constexpr int64_t kVectorFloats = 16;
-constexpr int64_t kTileVectors = 8;
+using WideTile = TileShape<3, 8>;
+using TallTile = TileShape<6, 4>;
 #elif defined(__AVX__)
 constexpr int64_t kVectorFloats = 8;
-constexpr int64_t kTileVectors = 4;
+using WideTile = TileShape<3, 4>;
+using TallTile = WideTile;
 #else
 constexpr int64_t kVectorFloats = 4;
-constexpr int64_t kTileVectors = 2;
+using WideTile = TileShape<3, 2>;
+using TallTile = WideTile;
 #endif
-constexpr int64_t kRowTile = 3;
-constexpr int64_t kTileColumns = kTileVectors * kVectorFloats;
+constexpr int64_t kMinTallTileRows = 24;
+
+template <int64_t kRows, int64_t kVectors>
+struct TileShape {
+  static constexpr int64_t kRowTile = kRows;
+  static constexpr int64_t kColumnTile = kVectors * kVectorFloats;
+};
+
+// Keys' dims, and values' tokens, are summed over this many at a time, so that
+// the part of a block that every row tile reads again (32 KB of float keys of
+// 128 tokens) stays in the L1 cache.
+constexpr int64_t kReductionSpan = 64;
 
 template <int64_t kCount>
 using Count = std::integral_constant<int64_t, kCount>;
@@ -173,7 +193,7 @@ inline void last_row_tile(int64_t num_rows, int64_t first_row, TileFn& tile) {
 
 // Calls tile(Count<n>{}, first_row) for consecutive tiles of n = kRowTile
 // rows, then once for the rest of num_rows.
-template <typename TileFn>
+template <int64_t kRowTile, typename TileFn>
 inline void for_each_row_tile(int64_t num_rows, TileFn&& tile) {
   int64_t first_row = 0;
   for (; first_row + kRowTile <= num_rows; first_row += kRowTile) {
@@ -198,18 +218,63 @@ inline void for_each_column_tile(int64_t num_columns, int64_t first,
   }
 }
 
-// logits[r * logits_stride + t] = dot(queries[r], keys[:, t]) for kRows query
-// rows (row stride head_dim) and kTokens keys stored dim-major (keys[d *
-// dim_stride + t]), or num_tokens < kVectorFloats keys when kTokens is 0. With
-// the tile's size known at compile time its accumulators stay in registers.
+// The cache lines of the next block's keys and values, a few requested at each
+// step of the current block's loops, so that reading the prefix from memory
+// overlaps the arithmetic instead of waiting at each block's start.
+class NextBlockPrefetch {
+ public:
+  struct Span {
+    const char* begin;
+    const char* end;
+  };
+
+  void reset(Span keys, Span values, int64_t lines_per_step) {
+    spans_[0] = keys;
+    spans_[1] = values;
+    span_ = 0;
+    lines_per_step_ = lines_per_step;
+  }
+
+  void clear() { span_ = 2; }
+
+  inline void step() {
+    for (int64_t i = 0; i < lines_per_step_ && span_ < 2; ++i) {
+      __builtin_prefetch(spans_[span_].begin, 0, 1);
+      spans_[span_].begin += kCacheLine;
+      if (spans_[span_].begin >= spans_[span_].end) {
+        ++span_;
+      }
+    }
+  }
+
+  static constexpr int64_t kCacheLine = 64;
+
+ private:
+  Span spans_[2] = {};
+  int64_t span_ = 2;
+  int64_t lines_per_step_ = 0;
+};
+
+// logits[r * logits_stride + t] (+)= the dot products of kRows query rows (row
+// stride head_dim) with kTokens keys stored dim-major (keys[d * dim_stride +
+// t]), or num_tokens < kVectorFloats keys when kTokens is 0, over num_dims
+// dims; added to the logits already there when add_to_logits. With the tile's
+// size known at compile time its accumulators stay in registers.
 template <int64_t kRows, int64_t kTokens>
-inline void dot_tile(const float* queries, int64_t head_dim, const float* keys,
-                     int64_t dim_stride, int64_t num_tokens, float* logits,
-                     int64_t logits_stride) {
+inline void dot_tile(const float* queries, int64_t head_dim, int64_t num_dims,
+                     const float* keys, int64_t dim_stride, int64_t num_tokens,
+                     float* logits, int64_t logits_stride, bool add_to_logits,
+                     NextBlockPrefetch& prefetch) {
   constexpr int64_t kMaxTokens = kTokens > 0 ? kTokens : kVectorFloats;
   const int64_t tile_tokens = kTokens > 0 ? kTokens : num_tokens;
   float accumulators[kRows][kMaxTokens] = {};
-  for (int64_t d = 0; d < head_dim; ++d) {
+  if (add_to_logits) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      std::copy_n(logits + r * logits_stride, tile_tokens, accumulators[r]);
+    }
+  }
+  for (int64_t d = 0; d < num_dims; ++d) {
+    prefetch.step();
     const float* key_row = keys + d * dim_stride;
     for (int64_t r = 0; r < kRows; ++r) {
       const float q = queries[r * head_dim + d];
@@ -226,18 +291,26 @@ inline void dot_tile(const float* queries, int64_t head_dim, const float* keys,
 // logits[r * logits_stride + t] = dot(queries[r], keys[:, t]) for a tile of
 // num_rows query rows and a block of num_tokens keys stored dim-major. Each
 // tile of keys is reused from cache by every tile of rows.
+template <typename Tile>
 void block_logits(const float* queries, int64_t num_rows, int64_t head_dim,
                   const float* keys, int64_t dim_stride, int64_t num_tokens,
-                  float* logits, int64_t logits_stride) {
-  for_each_column_tile<kTileColumns>(num_tokens, 0, [&](auto tokens,
-                                                        int64_t first) {
-    for_each_row_tile(num_rows, [&](auto rows, int64_t r) {
-      dot_tile<decltype(rows)::value, decltype(tokens)::value>(
-          queries + r * head_dim, head_dim, keys + first, dim_stride,
-          num_tokens - first, logits + r * logits_stride + first,
-          logits_stride);
-    });
-  });
+                  float* logits, int64_t logits_stride,
+                  NextBlockPrefetch& prefetch) {
+  for (int64_t first_dim = 0; first_dim < head_dim;
+       first_dim += kReductionSpan) {
+    const int64_t num_dims = std::min(kReductionSpan, head_dim - first_dim);
+    for_each_column_tile<Tile::kColumnTile>(
+        num_tokens, 0, [&](auto tokens, int64_t first) {
+          for_each_row_tile<Tile::kRowTile>(num_rows, [&](auto rows,
+                                                         int64_t r) {
+            dot_tile<decltype(rows)::value, decltype(tokens)::value>(
+                queries + r * head_dim + first_dim, head_dim, num_dims,
+                keys + first_dim * dim_stride + first, dim_stride,
+                num_tokens - first, logits + r * logits_stride + first,
+                logits_stride, first_dim > 0, prefetch);
+          });
+        });
+  }
 }
 
 // exp(x) for x <= 0 from Cephes' expf polynomial on [-ln 2 / 2, ln 2 / 2] (a
@@ -319,18 +392,21 @@ void fold_block(float* logits, int64_t logits_stride, int64_t num_rows,
 
 // outputs[r, d] = keep[r] * outputs[r, d] + add[r] * sum_t weights[r, t] *
 // values[t, d] for kRows rows and kDims dims of num_tokens value rows (row
-// stride value_stride), or num_dims < kVectorFloats dims when kDims is 0. With
-// the tile's size known at compile time its accumulators stay in registers.
+// stride value_stride), or num_dims < kVectorFloats dims when kDims is 0; keep
+// is taken as 1 unless rescale. With the tile's size known at compile time its
+// accumulators stay in registers.
 template <int64_t kRows, int64_t kDims>
 inline void accumulate_tile(const float* weights, int64_t weights_stride,
                             const float* values, int64_t value_stride,
                             int64_t num_tokens, int64_t num_dims,
-                            const float* keep, const float* add,
-                            float* outputs, int64_t output_stride) {
+                            const float* keep, const float* add, bool rescale,
+                            float* outputs, int64_t output_stride,
+                            NextBlockPrefetch& prefetch) {
   constexpr int64_t kMaxDims = kDims > 0 ? kDims : kVectorFloats;
   const int64_t tile_dims = kDims > 0 ? kDims : num_dims;
   float accumulators[kRows][kMaxDims] = {};
   for (int64_t t = 0; t < num_tokens; ++t) {
+    prefetch.step();
     const float* value = values + t * value_stride;
     for (int64_t r = 0; r < kRows; ++r) {
       const float weight = weights[r * weights_stride + t];
@@ -340,9 +416,10 @@ inline void accumulate_tile(const float* weights, int64_t weights_stride,
     }
   }
   for (int64_t r = 0; r < kRows; ++r) {
+    const float row_keep = rescale ? keep[r] : 1.0f;
     float* output = outputs + r * output_stride;
     for (int64_t d = 0; d < tile_dims; ++d) {
-      output[d] = keep[r] * output[d] + add[r] * accumulators[r][d];
+      output[d] = row_keep * output[d] + add[r] * accumulators[r][d];
     }
   }
 }
@@ -351,19 +428,29 @@ inline void accumulate_tile(const float* weights, int64_t weights_stride,
 // for a tile of num_rows rows (row stride head_dim) and a block of num_tokens
 // value rows. Each tile of value columns is reused from cache by every tile of
 // rows.
+template <typename Tile>
 void block_outputs(const float* weights, int64_t weights_stride,
                    int64_t num_rows, const float* values, int64_t value_stride,
                    int64_t num_tokens, int64_t head_dim, const float* keep,
-                   const float* add, float* outputs) {
-  for_each_column_tile<kTileColumns>(head_dim, 0, [&](auto dims,
-                                                      int64_t first) {
-    for_each_row_tile(num_rows, [&](auto rows, int64_t r) {
-      accumulate_tile<decltype(rows)::value, decltype(dims)::value>(
-          weights + r * weights_stride, weights_stride, values + first,
-          value_stride, num_tokens, head_dim - first, keep + r, add + r,
-          outputs + r * head_dim + first, head_dim);
-    });
-  });
+                   const float* add, float* outputs,
+                   NextBlockPrefetch& prefetch) {
+  for (int64_t first_token = 0; first_token < num_tokens;
+       first_token += kReductionSpan) {
+    const int64_t span_tokens =
+        std::min(kReductionSpan, num_tokens - first_token);
+    for_each_column_tile<Tile::kColumnTile>(
+        head_dim, 0, [&](auto dims, int64_t first) {
+          for_each_row_tile<Tile::kRowTile>(num_rows, [&](auto rows,
+                                                         int64_t r) {
+            accumulate_tile<decltype(rows)::value, decltype(dims)::value>(
+                weights + r * weights_stride + first_token, weights_stride,
+                values + first_token * value_stride + first, value_stride,
+                span_tokens, head_dim - first, keep + r, add + r,
+                first_token == 0, outputs + r * head_dim + first, head_dim,
+                prefetch);
+          });
+        });
+  }
 }
 
 // Copies num_tokens values of one (block, kv head) into a token-major float
@@ -378,6 +465,17 @@ void pack_values(const scalar_t* values, const CacheStrides& strides,
       tile_row[d] = static_cast<float>(value[d * strides.dim]);
     }
   }
+}
+
+// The bytes of one (block, KV head) of a paged cache view.
+template <typename scalar_t>
+NextBlockPrefetch::Span block_span(const scalar_t* first,
+                                   const CacheStrides& strides,
+                                   int64_t block_size, int64_t head_dim) {
+  const int64_t last =
+      (block_size - 1) * strides.token + (head_dim - 1) * strides.dim;
+  return {reinterpret_cast<const char*>(first),
+          reinterpret_cast<const char*>(first + last + 1)};
 }
 
 // Runs every split: fills its rows of states (AttentionState of the row's
@@ -413,6 +511,7 @@ void attend_splits(const PagedPrefixAttentionShape& shape,
     std::vector<float> add(plan.max_tile_rows);
     std::vector<float> key_tile(keys_in_place ? 0 : head_dim * block_size);
     std::vector<float> value_tile(values_in_place ? 0 : block_size * head_dim);
+    NextBlockPrefetch prefetch;
     for (int64_t index = begin; index < end; ++index) {
       const Split& split = plan.splits[index];
       const int64_t first_token = query_start_loc[split.request];
@@ -429,40 +528,71 @@ void attend_splits(const PagedPrefixAttentionShape& shape,
       AttentionState* row_states = states + split.first_row;
       float* row_outputs = outputs + split.first_row * head_dim;
       const int64_t prefix_len = prefix_lens[split.request];
-      for (int64_t b = split.first_block; b < split.end_block; ++b) {
-        const int64_t num_tokens =
-            std::min(block_size, prefix_len - b * block_size);
-        const int64_t block =
-            block_table[split.request * shape.block_table_width + b];
-        const scalar_t* keys = key_cache + block * key_strides.block +
-                               split.kv_head * key_strides.head;
-        const scalar_t* values = value_cache + block * value_strides.block +
-                                 split.kv_head * value_strides.head;
-        const float* key_rows = key_tile.data();
-        int64_t key_dim_stride = block_size;
-        if (keys_in_place) {
-          key_rows = reinterpret_cast<const float*>(keys);
-          key_dim_stride = key_strides.dim;
-        } else {
-          pack_keys_dim_major(keys, key_strides, head_dim, num_tokens, key_tile.data(),
-                    block_size);
+      const int32_t* request_blocks =
+          block_table + split.request * shape.block_table_width;
+      const auto keys_of = [&](int64_t b) {
+        return key_cache + request_blocks[b] * key_strides.block +
+               split.kv_head * key_strides.head;
+      };
+      const auto values_of = [&](int64_t b) {
+        return value_cache + request_blocks[b] * value_strides.block +
+               split.kv_head * value_strides.head;
+      };
+      const auto attend_blocks = [&](auto tile) {
+        using Tile = decltype(tile);
+        const int64_t steps_per_block =
+            ceil_div(num_rows, Tile::kRowTile) * (head_dim + block_size);
+        for (int64_t b = split.first_block; b < split.end_block; ++b) {
+          const int64_t num_tokens =
+              std::min(block_size, prefix_len - b * block_size);
+          const scalar_t* keys = keys_of(b);
+          const scalar_t* values = values_of(b);
+          if (b + 1 < split.end_block) {
+            const NextBlockPrefetch::Span next_keys =
+                block_span(keys_of(b + 1), key_strides, block_size, head_dim);
+            const NextBlockPrefetch::Span next_values = block_span(
+                values_of(b + 1), value_strides, block_size, head_dim);
+            const int64_t bytes = (next_keys.end - next_keys.begin) +
+                                  (next_values.end - next_values.begin);
+            const int64_t lines =
+                ceil_div(bytes, NextBlockPrefetch::kCacheLine);
+            prefetch.reset(next_keys, next_values,
+                           ceil_div(lines, steps_per_block));
+          } else {
+            prefetch.clear();
+          }
+          const float* key_rows = key_tile.data();
+          int64_t key_dim_stride = block_size;
+          if (keys_in_place) {
+            key_rows = reinterpret_cast<const float*>(keys);
+            key_dim_stride = key_strides.dim;
+          } else {
+            pack_keys_dim_major(keys, key_strides, head_dim, num_tokens,
+                                key_tile.data(), block_size);
+          }
+          const float* value_rows = value_tile.data();
+          int64_t value_stride = head_dim;
+          if (values_in_place) {
+            value_rows = reinterpret_cast<const float*>(values);
+            value_stride = value_strides.token;
+          } else {
+            pack_values(values, value_strides, head_dim, num_tokens,
+                        value_tile.data());
+          }
+          block_logits<Tile>(queries.data(), num_rows, head_dim, key_rows,
+                             key_dim_stride, num_tokens, logits.data(),
+                             logits_stride, prefetch);
+          fold_block(logits.data(), logits_stride, num_rows, num_tokens,
+                     row_states, keep.data(), add.data());
+          block_outputs<Tile>(logits.data(), logits_stride, num_rows,
+                              value_rows, value_stride, num_tokens, head_dim,
+                              keep.data(), add.data(), row_outputs, prefetch);
         }
-        const float* value_rows = value_tile.data();
-        int64_t value_stride = head_dim;
-        if (values_in_place) {
-          value_rows = reinterpret_cast<const float*>(values);
-          value_stride = value_strides.token;
-        } else {
-          pack_values(values, value_strides, head_dim, num_tokens,
-                      value_tile.data());
-        }
-        block_logits(queries.data(), num_rows, head_dim, key_rows,
-                     key_dim_stride, num_tokens, logits.data(), logits_stride);
-        fold_block(logits.data(), logits_stride, num_rows, num_tokens,
-                   row_states, keep.data(), add.data());
-        block_outputs(logits.data(), logits_stride, num_rows, value_rows,
-                      value_stride, num_tokens, head_dim, keep.data(),
-                      add.data(), row_outputs);
+      };
+      if (num_rows >= kMinTallTileRows) {
+        attend_blocks(TallTile{});
+      } else {
+        attend_blocks(WideTile{});
       }
     }
   });

@@ -60,22 +60,30 @@ def make_prefix_batch(
     query_dtype: torch.dtype = torch.float32,
     num_padding_rows: int = 0,
     seed: int = 0,
+    head_dim: int = HEAD_DIM,
 ) -> PrefixBatch:
     """Random keys and values (stored at cache precision) in shuffled blocks, and
     query_lens[r] random query tokens for request r, then num_padding_rows more."""
     paged = make_paged_batch(
-        prefix_lens, num_q_heads, num_kv_heads, block_size, layout, cache_dtype, seed=seed
+        prefix_lens,
+        num_q_heads,
+        num_kv_heads,
+        block_size,
+        layout,
+        cache_dtype,
+        seed=seed,
+        head_dim=head_dim,
     )
     generator = torch.Generator().manual_seed(seed + 1000)
     dense_values = [
-        torch.randn(n, num_kv_heads, HEAD_DIM, generator=generator).to(cache_dtype).float()
+        torch.randn(n, num_kv_heads, head_dim, generator=generator).to(cache_dtype).float()
         for n in prefix_lens
     ]
     scatter_values_into_raw_cache(
         dense_values, paged.block_table, paged.raw_cache, block_size, layout
     )
     num_tokens = sum(query_lens) + num_padding_rows
-    query = torch.randn(num_tokens, num_q_heads, HEAD_DIM, generator=generator)
+    query = torch.randn(num_tokens, num_q_heads, head_dim, generator=generator)
     return PrefixBatch(
         query=query.to(query_dtype),
         key_cache=paged.key_cache,
@@ -155,6 +163,26 @@ def test_kernel_matches_reference(
     assert (output[empty_prefix_rows] == 0).all()
     assert torch.isneginf(lse[:, empty_prefix_rows]).all()
     assert torch.isfinite(lse[:, : empty_prefix_rows[0]]).all()
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernel_matches_reference_at_qwen_shapes(layout: str, cache_dtype: torch.dtype) -> None:
+    """Qwen2.5-1.5B's heads (12 query, 2 KV, 128 dims: keys summed over in two spans) in
+    128-token blocks, with 1 to 17 query tokens a request: register tiles of both shapes
+    (fewer and more than 24 rows a KV head) over full and partial blocks."""
+    batch = make_prefix_batch(
+        [300, 1000, 129, 64, 700, 0],
+        [1, 3, 5, 9, 17, 2],
+        12,
+        2,
+        128,
+        layout,
+        cache_dtype,
+        seed=8,
+        head_dim=128,
+    )
+    assert_close(*run_both(batch))
 
 
 @pytest.mark.parametrize("block_size", [16, 128])
