@@ -142,6 +142,14 @@ class Exploration:
     ...     exploration.count_step(False, 1.05, 2)
     >>> exploration.exploring
     True
+
+    A first choice that the first measurement confirms by a clear win (2x) waits the longest
+    period, as one made by a change would:
+
+    >>> exploration = Exploration()
+    >>> exploration.count_step(preference_changed=False, win=2.0, steps_to_explore=2)
+    >>> exploration.period == EXPLORATION_PERIOD
+    True
     """
 
     first_period: int = FIRST_EXPLORATION_PERIOD
@@ -170,12 +178,12 @@ class Exploration:
         the first step counted is that of the first choice."""
         choice_made = preference_changed or not self.counted
         self.counted = True
-        if preference_changed:
+        if choice_made:
             self.exploring_for = 0
             self.steps_since = 0
             self.period = self.max_period if win > CLEAR_WIN else self.first_period
-        if choice_made and win < NARROW_WIN:
-            self.period = min(self.period, NARROW_WIN_PERIOD)
+            if win < NARROW_WIN:
+                self.period = min(self.period, NARROW_WIN_PERIOD)
         if preference_changed:
             return
         if self.exploring_for:
