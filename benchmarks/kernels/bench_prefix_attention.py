@@ -8,7 +8,9 @@ attention backend). vLLM's plain decode step (one token per request, same prefix
 baseline. Each case first checks the kernel against vLLM's non-causal attention over the prefix
 alone. With --layers N, each call runs once on each of N caches in turn, as a model's layers
 read theirs in a step (from memory, not from a cache that one layer's repeats keep warm), and
-the times are per layer. Prints a table and writes benchmarks/results/prefix_attention_cpu.json.
+the times are per layer. With --kernel-only, vLLM is neither imported nor timed (a machine
+without it, such as the GPU machines lent here) and each case is checked against the op's
+pure-torch reference. Prints a table and writes benchmarks/results/prefix_attention_cpu.json.
 
     python -m benchmarks.kernels.bench_prefix_attention [--quick] [--threads 1 2] [--layers 28]
 """
@@ -24,9 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import vllm
-from vllm import _custom_ops as vllm_ops
-from vllm import envs as vllm_envs
 
 from benchmarks.kernels.common import cpu_model, median_ms, shuffled_vec_cache, write_report
 from specextend_vllm import ops
@@ -65,6 +64,9 @@ def vllm_attention(
     """vLLM's CPU attention call of its backend (vllm/v1/attention/backends/cpu_attn.py) for
     `query` [B * query_len, Hq, D], each request's tokens being the last query_len of seq_len:
     the call, and the output [B * query_len, Hq, D] it writes."""
+    from vllm import _custom_ops as vllm_ops
+    from vllm import envs as vllm_envs
+
     batch = cache.block_table.shape[0]
     starts = query_start_loc(batch, query_len)
     seq_lens = torch.full((batch,), seq_len, dtype=torch.int32)
@@ -107,11 +109,11 @@ def vllm_attention(
     return call, output
 
 
-def kernel_call(
+def kernel_args(
     cache: PagedCache, query: torch.Tensor, query_len: int, prefix_len: int
-) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+) -> tuple[Any, ...]:
     batch = cache.block_table.shape[0]
-    args = (
+    return (
         query,
         cpu_vec_key_cache_view(cache.raw),
         cpu_vec_value_cache_view(cache.raw),
@@ -120,7 +122,29 @@ def kernel_call(
         query_start_loc(batch, query_len),
         SCALE,
     )
+
+
+def kernel_call(
+    cache: PagedCache, query: torch.Tensor, query_len: int, prefix_len: int
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    args = kernel_args(cache, query, query_len, prefix_len)
     return lambda: ops.paged_prefix_attention(*args)
+
+
+def check_kernel(cache: PagedCache, query: torch.Tensor, query_len: int, prefix_len: int,
+                 against_vllm: bool) -> None:
+    """The kernel's output against vLLM's non-causal attention over the prefix alone, or
+    (output and LSE) against the op's reference."""
+    output, lse = kernel_call(cache, query, query_len, prefix_len)()
+    if against_vllm:
+        prefix_only, expected = vllm_attention(cache, query, query_len, prefix_len, causal=False)
+        prefix_only()
+        torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5)
+        return
+    args = kernel_args(cache, query, query_len, prefix_len)
+    expected_output, expected_lse = ops.paged_prefix_attention_reference(*args)
+    torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-4, atol=1e-5)
 
 
 def per_layer(calls: list[Callable[[], Any]]) -> Callable[[], None]:
@@ -140,12 +164,15 @@ def run(
     query_lens: list[int],
     repeats: int,
     layers: int = 1,
+    with_vllm: bool = True,
 ) -> list[dict[str, Any]]:
     results = []
-    print(
-        f"{'threads':>7} {'prefix':>6} {'batch':>5} {'q':>3} {'kernel ms':>10} "
-        f"{'vLLM verify ms':>15} {'vLLM decode ms':>15} {'vs verify':>9} {'vs decode':>9}"
-    )
+    header = f"{'threads':>7} {'prefix':>6} {'batch':>5} {'q':>3} {'kernel ms':>10}"
+    if with_vllm:
+        header += (
+            f" {'vLLM verify ms':>15} {'vLLM decode ms':>15} {'vs verify':>9} {'vs decode':>9}"
+        )
+    print(header)
     for num_threads in threads:
         torch.set_num_threads(num_threads)
         for prefix_len in prefix_lens:
@@ -157,26 +184,39 @@ def run(
                 cache = caches[0]
                 generator = torch.Generator().manual_seed(1)
                 decode_query = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, generator=generator)
-                decode = per_layer(
-                    [
-                        vllm_attention(c, decode_query, 1, prefix_len + 1, causal=True)[0]
-                        for c in caches
-                    ]
-                )
-                decode_ms = median_ms(decode, repeats) / layers
+                if with_vllm:
+                    decode = per_layer(
+                        [
+                            vllm_attention(c, decode_query, 1, prefix_len + 1, causal=True)[0]
+                            for c in caches
+                        ]
+                    )
+                    decode_ms = median_ms(decode, repeats) / layers
                 for query_len in query_lens:
                     query = torch.randn(
                         batch * query_len, NUM_Q_HEADS, HEAD_DIM, generator=generator
                     )
-                    kernel = kernel_call(cache, query, query_len, prefix_len)
-                    prefix_only, expected = vllm_attention(
-                        cache, query, query_len, prefix_len, causal=False
-                    )
-                    prefix_only()
-                    torch.testing.assert_close(kernel()[0], expected, rtol=1e-4, atol=1e-5)
+                    check_kernel(cache, query, query_len, prefix_len, against_vllm=with_vllm)
                     kernels = per_layer(
                         [kernel_call(c, query, query_len, prefix_len) for c in caches]
                     )
+                    kernel_ms = median_ms(kernels, repeats) / layers
+                    row = (
+                        f"{num_threads:>7} {prefix_len:>6} {batch:>5} {query_len:>3} "
+                        f"{kernel_ms:>10.3f}"
+                    )
+                    result = {
+                        "threads": num_threads,
+                        "layers": layers,
+                        "prefix_len": prefix_len,
+                        "batch": batch,
+                        "query_len": query_len,
+                        "kernel_ms": round(kernel_ms, 4),
+                    }
+                    if not with_vllm:
+                        print(row)
+                        results.append(result)
+                        continue
                     verify = per_layer(
                         [
                             vllm_attention(
@@ -185,21 +225,14 @@ def run(
                             for c in caches
                         ]
                     )
-                    kernel_ms = median_ms(kernels, repeats) / layers
                     verify_ms = median_ms(verify, repeats) / layers
                     print(
-                        f"{num_threads:>7} {prefix_len:>6} {batch:>5} {query_len:>3} "
-                        f"{kernel_ms:>10.3f} {verify_ms:>15.3f} {decode_ms:>15.3f} "
+                        f"{row} {verify_ms:>15.3f} {decode_ms:>15.3f} "
                         f"{verify_ms / kernel_ms:>8.2f}x {kernel_ms / decode_ms:>8.2f}x"
                     )
                     results.append(
                         {
-                            "threads": num_threads,
-                            "layers": layers,
-                            "prefix_len": prefix_len,
-                            "batch": batch,
-                            "query_len": query_len,
-                            "kernel_ms": round(kernel_ms, 4),
+                            **result,
                             "vllm_verify_ms": round(verify_ms, 4),
                             "vllm_decode_ms": round(decode_ms, 4),
                             "speedup_vs_vllm_verify": round(verify_ms / kernel_ms, 2),
@@ -225,6 +258,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--query-lens", type=int, nargs="+", default=[3, 5, 9])
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument(
+        "--kernel-only", action="store_true", help="time the kernel alone, without vLLM"
+    )
     args = parser.parse_args()
 
     prefix_lens = args.prefix_lens or ([4096] if args.quick else [4096, 16384, 32768])
@@ -233,29 +269,36 @@ def main() -> None:
         "cpu_model": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "torch_version": torch.__version__,
-        "vllm_version": vllm.__version__,
         "python_version": platform.python_version(),
     }
-    print(f"{machine['cpu_model']}, torch {machine['torch_version']}, vLLM {vllm.__version__}")
-    results = run(args.threads, prefix_lens, args.batches, args.query_lens, repeats, args.layers)
-
-    report = {
-        "machine": machine,
-        "config": {
-            "num_q_heads": NUM_Q_HEADS,
-            "num_kv_heads": NUM_KV_HEADS,
-            "head_dim": HEAD_DIM,
-            "block_size": BLOCK_SIZE,
-            "dtype": "float32",
-            "layout": "cpu_vec",
-            "vllm_isa": VLLM_ISA,
-            "vllm_split_kv": vllm_envs.VLLM_CPU_ATTN_SPLIT_KV,
-            "repeats": repeats,
-            "statistic": "median",
-        },
-        "results": results,
+    config = {
+        "num_q_heads": NUM_Q_HEADS,
+        "num_kv_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "block_size": BLOCK_SIZE,
+        "dtype": "float32",
+        "layout": "cpu_vec",
+        "repeats": repeats,
+        "statistic": "median",
     }
-    write_report(args.output, report)
+    if not args.kernel_only:
+        import vllm
+        from vllm import envs as vllm_envs
+
+        machine["vllm_version"] = vllm.__version__
+        config["vllm_isa"] = VLLM_ISA
+        config["vllm_split_kv"] = vllm_envs.VLLM_CPU_ATTN_SPLIT_KV
+    print(", ".join(f"{key} {value}" for key, value in machine.items()))
+    results = run(
+        args.threads,
+        prefix_lens,
+        args.batches,
+        args.query_lens,
+        repeats,
+        args.layers,
+        with_vllm=not args.kernel_only,
+    )
+    write_report(args.output, {"machine": machine, "config": config, "results": results})
 
 
 if __name__ == "__main__":

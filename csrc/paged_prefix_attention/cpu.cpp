@@ -218,6 +218,21 @@ inline void for_each_column_tile(int64_t num_columns, int64_t first,
   }
 }
 
+// How many tiles for_each_column_tile<kColumns> visits over num_columns columns:
+// 128 columns in tiles of 64 are 2; 100 in tiles of 64 (16-float vectors) are
+// 64 + 32 + one partial vector, 3.
+template <int64_t kColumns>
+constexpr int64_t column_tile_count(int64_t num_columns) {
+  if constexpr (kColumns >= kVectorFloats) {
+    return num_columns / kColumns +
+           column_tile_count<kColumns / 2>(num_columns % kColumns);
+  } else {
+    return num_columns > 0 ? 1 : 0;
+  }
+}
+static_assert(column_tile_count<4 * kVectorFloats>(8 * kVectorFloats) == 2);
+static_assert(column_tile_count<4 * kVectorFloats>(6 * kVectorFloats + 1) == 3);
+
 // The cache lines of the next block's keys and values, a few requested at each
 // step of the current block's loops, so that reading the prefix from memory
 // overlaps the arithmetic instead of waiting at each block's start.
@@ -478,6 +493,18 @@ NextBlockPrefetch::Span block_span(const scalar_t* first,
           reinterpret_cast<const char*>(first + last + 1)};
 }
 
+// The steps of one block's loops, which spread the next block's prefetch: one
+// per dim of every (row tile, token tile) of the logits, one per token of every
+// (row tile, dim tile) of the outputs. A 6-row, 64-column tile over 30 rows,
+// 128 dims and 128-token blocks: 5 * (2 * 128 + 2 * 128) = 2560.
+template <typename Tile>
+int64_t steps_per_block(int64_t num_rows, int64_t head_dim,
+                        int64_t block_size) {
+  return ceil_div(num_rows, Tile::kRowTile) *
+         (column_tile_count<Tile::kColumnTile>(block_size) * head_dim +
+          column_tile_count<Tile::kColumnTile>(head_dim) * block_size);
+}
+
 // Runs every split: fills its rows of states (AttentionState of the row's
 // logits over the split's blocks) and of outputs [rows, head_dim] (the
 // softmax-weighted mean of their values).
@@ -540,8 +567,8 @@ void attend_splits(const PagedPrefixAttentionShape& shape,
       };
       const auto attend_blocks = [&](auto tile) {
         using Tile = decltype(tile);
-        const int64_t steps_per_block =
-            ceil_div(num_rows, Tile::kRowTile) * (head_dim + block_size);
+        const int64_t prefetch_steps =
+            steps_per_block<Tile>(num_rows, head_dim, block_size);
         for (int64_t b = split.first_block; b < split.end_block; ++b) {
           const int64_t num_tokens =
               std::min(block_size, prefix_len - b * block_size);
@@ -557,7 +584,7 @@ void attend_splits(const PagedPrefixAttentionShape& shape,
             const int64_t lines =
                 ceil_div(bytes, NextBlockPrefetch::kCacheLine);
             prefetch.reset(next_keys, next_values,
-                           ceil_div(lines, steps_per_block));
+                           ceil_div(lines, prefetch_steps));
           } else {
             prefetch.clear();
           }
