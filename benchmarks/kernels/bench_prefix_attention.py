@@ -131,8 +131,9 @@ def kernel_call(
     return lambda: ops.paged_prefix_attention(*args)
 
 
-def check_kernel(cache: PagedCache, query: torch.Tensor, query_len: int, prefix_len: int,
-                 against_vllm: bool) -> None:
+def check_kernel(
+    cache: PagedCache, query: torch.Tensor, query_len: int, prefix_len: int, against_vllm: bool
+) -> None:
     """The kernel's output against vLLM's non-causal attention over the prefix alone, or
     (output and LSE) against the op's reference."""
     output, lse = kernel_call(cache, query, query_len, prefix_len)()
