@@ -235,7 +235,8 @@ static_assert(column_tile_count<4 * kVectorFloats>(6 * kVectorFloats + 1) == 3);
 
 // The cache lines of the next block's keys and values, a few requested at each
 // step of the current block's loops, so that reading the prefix from memory
-// overlaps the arithmetic instead of waiting at each block's start.
+// overlaps the arithmetic instead of waiting at each block's start. The tile
+// loops step a local copy, whose cursor then stays in a register.
 class NextBlockPrefetch {
  public:
   struct Span {
@@ -244,20 +245,22 @@ class NextBlockPrefetch {
   };
 
   void reset(Span keys, Span values, int64_t lines_per_step) {
-    spans_[0] = keys;
-    spans_[1] = values;
-    span_ = 0;
+    cursor_ = keys.begin;
+    end_ = keys.end;
+    then_ = values;
     lines_per_step_ = lines_per_step;
   }
 
-  void clear() { span_ = 2; }
+  void clear() { *this = NextBlockPrefetch(); }
 
   inline void step() {
-    for (int64_t i = 0; i < lines_per_step_ && span_ < 2; ++i) {
-      __builtin_prefetch(spans_[span_].begin, 0, 1);
-      spans_[span_].begin += kCacheLine;
-      if (spans_[span_].begin >= spans_[span_].end) {
-        ++span_;
+    for (int64_t i = 0; i < lines_per_step_ && cursor_ < end_; ++i) {
+      __builtin_prefetch(cursor_, 0, 1);
+      cursor_ += kCacheLine;
+      if (cursor_ >= end_) {
+        cursor_ = then_.begin;
+        end_ = then_.end;
+        then_ = {};
       }
     }
   }
@@ -265,8 +268,9 @@ class NextBlockPrefetch {
   static constexpr int64_t kCacheLine = 64;
 
  private:
-  Span spans_[2] = {};
-  int64_t span_ = 2;
+  const char* cursor_ = nullptr;
+  const char* end_ = nullptr;
+  Span then_ = {};  // the values, once the keys are requested
   int64_t lines_per_step_ = 0;
 };
 
@@ -288,8 +292,9 @@ inline void dot_tile(const float* queries, int64_t head_dim, int64_t num_dims,
       std::copy_n(logits + r * logits_stride, tile_tokens, accumulators[r]);
     }
   }
+  NextBlockPrefetch local_prefetch = prefetch;
   for (int64_t d = 0; d < num_dims; ++d) {
-    prefetch.step();
+    local_prefetch.step();
     const float* key_row = keys + d * dim_stride;
     for (int64_t r = 0; r < kRows; ++r) {
       const float q = queries[r * head_dim + d];
@@ -298,6 +303,7 @@ inline void dot_tile(const float* queries, int64_t head_dim, int64_t num_dims,
       }
     }
   }
+  prefetch = local_prefetch;
   for (int64_t r = 0; r < kRows; ++r) {
     std::copy_n(accumulators[r], tile_tokens, logits + r * logits_stride);
   }
@@ -420,8 +426,9 @@ inline void accumulate_tile(const float* weights, int64_t weights_stride,
   constexpr int64_t kMaxDims = kDims > 0 ? kDims : kVectorFloats;
   const int64_t tile_dims = kDims > 0 ? kDims : num_dims;
   float accumulators[kRows][kMaxDims] = {};
+  NextBlockPrefetch local_prefetch = prefetch;
   for (int64_t t = 0; t < num_tokens; ++t) {
-    prefetch.step();
+    local_prefetch.step();
     const float* value = values + t * value_stride;
     for (int64_t r = 0; r < kRows; ++r) {
       const float weight = weights[r * weights_stride + t];
@@ -430,6 +437,7 @@ inline void accumulate_tile(const float* weights, int64_t weights_stride,
       }
     }
   }
+  prefetch = local_prefetch;
   for (int64_t r = 0; r < kRows; ++r) {
     const float row_keep = rescale ? keep[r] : 1.0f;
     float* output = outputs + r * output_stride;
