@@ -136,13 +136,13 @@ def check_kernel(
 ) -> None:
     """The kernel's output against vLLM's non-causal attention over the prefix alone, or
     (output and LSE) against the op's reference."""
-    output, lse = kernel_call(cache, query, query_len, prefix_len)()
+    args = kernel_args(cache, query, query_len, prefix_len)
+    output, lse = ops.paged_prefix_attention(*args)
     if against_vllm:
         prefix_only, expected = vllm_attention(cache, query, query_len, prefix_len, causal=False)
         prefix_only()
         torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5)
         return
-    args = kernel_args(cache, query, query_len, prefix_len)
     expected_output, expected_lse = ops.paged_prefix_attention_reference(*args)
     torch.testing.assert_close(output, expected_output, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(lse, expected_lse, rtol=1e-4, atol=1e-5)
