@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,22 @@ os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
 RESULTS = Path(__file__).parent / "results"
 # Decoding steps verify at most this many tokens; longer steps are prefill.
 MAX_DECODE_STEP_TOKENS = 64
+
+
+def source_commit(repository: Path = Path(__file__).parent.parent) -> str | None:
+    """The commit the plugin's code was taken from, with `+changes` where its package or
+    kernels differ from it; None outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repository, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "status", "--porcelain", "--", "specextend_vllm", "csrc", "setup.py"],
+            cwd=repository, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{commit}+changes" if changes else commit
 
 
 def machine() -> dict[str, Any]:
@@ -49,6 +66,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "vllm": vllm.__version__,
+        "commit": source_commit(),
     }
 
 

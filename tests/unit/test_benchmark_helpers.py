@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+from pathlib import Path
+
 import torch
 
 from benchmarks.engine import (
     RequestFigures,
     acceptance_per_position,
     mean_acceptance_length,
+    source_commit,
     time_breakdown,
 )
 from benchmarks.forward_parts import PartClock, decode_figures, prefill_figures
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
+from benchmarks.speed_summary import cells_at_defaults, summarize
 
 
 def test_origin_of_each_output_token() -> None:
@@ -152,3 +158,45 @@ def test_the_gpu_step_models_hybrid_attention_equals_one_masked_attention() -> N
 
     error = hybrid_attention_error(torch.device("cpu"), context=256, new_tokens=9)
     assert error < HYBRID_ATTENTION_TOLERANCE / 4
+
+
+def test_the_speed_summary_counts_only_specextend_at_its_defaults_and_the_aims_per_length() -> None:
+    def run(**args: object) -> dict:
+        cell = {"length": 8192, "text": "essays/set_1", "vs_faster_alternative": 0.95}
+        return {
+            "args": {"at_defaults": True, "specextend_keys": {}, "draft_precision": "int8", **args},
+            "machine": {"cpu": "AMD EPYC"},
+            "cells": [
+                {**cell, "method": "specextend", "vs_no_speculation": 1.3, "vs_draft_model": 0.95},
+                {**cell, "method": "specextend_fixed", "vs_no_speculation": 1.5, "vs_draft_model": 1.2},
+                {**cell, "method": "draft_model", "vs_no_speculation": 1.4, "vs_draft_model": 1.0},
+            ],
+        }
+
+    assert cells_at_defaults("a", run(specextend_keys={"token_budget": 512}), "int8") == []
+    assert cells_at_defaults("a", run(draft_precision="fp32"), "int8") == []
+    assert cells_at_defaults("a", run(at_defaults=False), "int8") == []
+    cells = cells_at_defaults("a", run(), "int8") + cells_at_defaults("b", run(), "int8")
+    assert [cell.vs_draft_model for cell in cells] == [0.95, 0.95]
+    row, = summarize(cells)
+    assert (row["runs"], row["cells"], row["meet_faster_aim"], row["meet_draft_model_aim"]) == (2, 2, 0, 0)
+    shorter = [dataclasses.replace(cell, length=4096, vs_faster=0.97) for cell in cells]
+    assert [(r["length"], r["meet_faster_aim"], r["meet_draft_model_aim"]) for r in summarize(shorter)] == [
+        (4096, 2, None)
+    ]
+
+
+def test_saved_runs_name_the_commit_of_the_code_they_ran(tmp_path: Path) -> None:
+    assert source_commit(tmp_path) is None
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "specextend_vllm").mkdir()
+    (tmp_path / "specextend_vllm" / "a.py").write_text("x = 1\n")
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "a"], check=True)
+    commit = source_commit(tmp_path)
+    assert commit is not None and len(commit) >= 7
+    (tmp_path / "notes.txt").write_text("not the plugin's code\n")
+    assert source_commit(tmp_path) == commit
+    (tmp_path / "specextend_vllm" / "a.py").write_text("x = 2\n")
+    assert source_commit(tmp_path) == f"{commit}+changes"
