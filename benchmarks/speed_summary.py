@@ -44,12 +44,12 @@ class SpeedCell:
 
 
 def machine_name(cpu: str) -> str:
-    """The machines the runs were taken on, by the CPU their runs saved.
+    """A short name of the CPU a run saved.
 
     >>> machine_name("Intel(R) Xeon(R) Processor"), machine_name("AMD EPYC")
-    ('AMX Xeon', 'AMD EPYC')
+    ('Intel Xeon', 'AMD EPYC')
     """
-    return "AMX Xeon" if "Xeon" in cpu else cpu
+    return " ".join(cpu.replace("(R)", "").replace("Processor", "").split())
 
 
 def cells_at_defaults(run: str, saved: dict[str, Any], draft_precision: str) -> list[SpeedCell]:
