@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.draft_cost import summary
 
 RESULTS = Path(__file__).parent / "results"
 FASTER_AIM = 0.97
@@ -79,15 +80,6 @@ def cells_at_defaults(run: str, saved: dict[str, Any], draft_precision: str) -> 
     ]
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """The median and the range.
-
-    >>> spread([1.2, 0.9, 1.0])
-    {'median': 1.0, 'min': 0.9, 'max': 1.2}
-    """
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def summarize(cells: list[SpeedCell]) -> list[dict[str, Any]]:
     """One row per (length, machine), shortest first.
 
@@ -109,9 +101,9 @@ def summarize(cells: list[SpeedCell]) -> list[dict[str, Any]]:
                 "machine": machine,
                 "runs": len({cell.run for cell in group}),
                 "cells": len(group),
-                "vs_faster": spread([cell.vs_faster for cell in group]),
-                "vs_no_speculation": spread([cell.vs_no_speculation for cell in group]),
-                "vs_draft_model": spread([cell.vs_draft_model for cell in group]),
+                "vs_faster": summary([cell.vs_faster for cell in group]),
+                "vs_no_speculation": summary([cell.vs_no_speculation for cell in group]),
+                "vs_draft_model": summary([cell.vs_draft_model for cell in group]),
                 "meet_faster_aim": sum(cell.vs_faster >= FASTER_AIM for cell in group),
                 "meet_draft_model_aim": (
                     sum(cell.vs_draft_model >= DRAFT_MODEL_AIM for cell in group)
@@ -169,13 +161,13 @@ def main() -> None:
         (cell for cell in cells if cell.vs_faster < FASTER_AIM), key=lambda cell: (cell.length, cell.vs_faster)
     )
     print(markdown(rows, misses))
-    summary = {
+    record = {
         "args": {"draft_precision": args.draft_precision},
         "rows": rows,
         "below_faster_aim": [asdict(cell) for cell in misses],
         "cells": [asdict(cell) for cell in cells],
     }
-    (args.results / f"{args.output}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (args.results / f"{args.output}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
