@@ -273,8 +273,8 @@ class WayMeasurements:
 @dataclasses.dataclass(frozen=True)
 class TwoWaySchedule:
     """How a `TwoWayChoice` measures: `min_samples` steps of each way, taken in turns of
-    `measuring_turn` steps (the first way first), before comparing them; then explorations
-    of `exploration_steps` steps after `first_period`, ... `max_period` steps."""
+    `measuring_turn` steps, before comparing them; then explorations of
+    `exploration_steps` steps after `first_period`, ... `max_period` steps."""
 
     min_samples: int
     measuring_turn: int
@@ -291,20 +291,25 @@ class TwoWayChoice:
 
     The second way takes 0.4 s a step where the first takes 0.5 s (1 token a step): after
     two turns of 2 steps each, the second is preferred and run; the first is explored again
-    after 4 steps, for 2:
+    after 4 steps, for 2. The measuring turns start with the first way, or with the second
+    where it is likelier the faster (`starts_second`):
 
-    >>> choice = TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 2, 0.5))
-    >>> ways = []
-    >>> for _ in range(12):
-    ...     second = choice.uses_second()
-    ...     choice.record(second, 0.4 if second else 0.5, 1.0)
-    ...     ways.append(int(second))
-    >>> ways
+    >>> def run(choice):
+    ...     ways = []
+    ...     for _ in range(12):
+    ...         second = choice.uses_second()
+    ...         choice.record(second, 0.4 if second else 0.5, 1.0)
+    ...         ways.append(int(second))
+    ...     return ways
+    >>> run(TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 2, 0.5)))
     [0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1]
+    >>> run(TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 2, 0.5), starts_second=True))
+    [1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1]
     """
 
-    def __init__(self, schedule: TwoWaySchedule):
+    def __init__(self, schedule: TwoWaySchedule, starts_second: bool = False):
         self.schedule = schedule
+        self.starts_second = starts_second
         self.first = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
         self.second = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
         self.prefers_second = False
@@ -323,7 +328,7 @@ class TwoWayChoice:
             return False
         if not self.measured():
             turn = (self.first.samples + self.second.samples) // self.schedule.measuring_turn
-            return turn % 2 == 1
+            return (turn % 2 == 1) != self.starts_second
         return self.prefers_second != self.exploration.exploring
 
     def record(self, second: bool, step_seconds: float, tokens_per_step: float) -> None:

@@ -12,11 +12,19 @@ verification of what they drafted); the choice with more tokens per second is ke
     tokens_per_step(reduced) / step_seconds(reduced)  vs  tokens_per_step(full) / step_seconds(full).
 
 Both sides are measured per bucket of context lengths (`activation_length` to twice it,
-then to four times it, ...): each bucket measures the full cache (what `draft_model` does)
-and the reduced one in turns of 4 steps, 8 steps each, keeps the faster and re-explores the
-other as `algorithm.exploration` schedules. A batch follows the choice of the bucket holding
-most of its context tokens (the requests long enough to be reduced all draft the same way),
-and its step is measured for that bucket, so batches that mix lengths measure too.
+then to four times it, ...) and number of drafts per step: each measures the full cache
+(what `draft_model` does) and the reduced one in turns of 4 steps, 8 steps each, keeps the
+faster and re-explores the other as `algorithm.exploration` schedules. A batch follows the
+choice of the bucket holding most of its context tokens (the requests long enough to be
+reduced all draft the same way), and its step is measured for that bucket, so batches that
+mix lengths measure too.
+
+The number of drafts is part of the key because `drafting: auto` changes it from one
+step to the next (it keeps one length and explores one more for a few steps now and
+then): a way's step time is the median of its last 8 steps and its tokens a long
+average, so steps of two lengths mixed in one way made the way that ran a longer
+exploration look slower by the longer steps' time, with hardly more tokens. A new
+length's measuring turns start with the way the bucket's most measured length prefers.
 """
 
 from __future__ import annotations
@@ -71,29 +79,50 @@ SCHEDULE = TwoWaySchedule(
 
 
 class RetrievalChooser:
-    """Chooses, per bucket of context lengths, between drafting on the reduced cache and
-    on the full one. `reduces` reads the choice for a batch's bucket; `record_step`
-    feeds one measured step.
+    """Chooses, per bucket of context lengths and number of drafts per step, between
+    drafting on the reduced cache and on the full one. `reduces` reads the choice for a
+    batch's bucket; `record_step` feeds one measured step.
 
-    At 3K a reduced step takes 0.50 s for 2.4 tokens, a full one 0.52 s for 2.6: the full
-    cache wins (5.0 tokens/s against 4.8). At 12K: 0.55 s for 2.4 against 0.80 s for 2.5,
-    the reduced one wins (4.4 against 3.1):
+    At 3K a reduced step of 4 drafts takes 0.50 s for 2.4 tokens, a full one 0.52 s for
+    2.6: the full cache wins (5.0 tokens/s against 4.8). At 12K: 0.55 s for 2.4 against
+    0.80 s for 2.5, the reduced one wins (4.4 against 3.1); steps of 3 drafts there start
+    measuring on the reduced cache:
 
     >>> chooser = RetrievalChooser(activation_length=2048)
     >>> for reduced, seconds_3k, tokens_3k, seconds_12k, tokens_12k in (
     ...     (False, 0.52, 2.6, 0.80, 2.5), (True, 0.50, 2.4, 0.55, 2.4)
     ... ):
     ...     for _ in range(MIN_SAMPLES):
-    ...         chooser.record_step(0, reduced, seconds_3k, tokens_3k)
-    ...         chooser.record_step(2, reduced, seconds_12k, tokens_12k)
-    >>> chooser.reduces(0), chooser.reduces(2)
-    (False, True)
+    ...         chooser.record_step(0, 4, reduced, seconds_3k, tokens_3k)
+    ...         chooser.record_step(2, 4, reduced, seconds_12k, tokens_12k)
+    >>> chooser.reduces(0, 4), chooser.reduces(2, 4), chooser.reduces(2, 3)
+    (False, True, True)
     """
 
     def __init__(self, activation_length: int):
         self.activation_length = activation_length
-        # Per bucket: the full cache (the first way) against the reduced one (the second).
-        self.buckets = [TwoWayChoice(SCHEDULE) for _ in range(NUM_LENGTH_BUCKETS)]
+        # Per (bucket, drafts per step): the full cache (the first way) against the reduced
+        # one (the second).
+        self.choices: dict[tuple[int, int], TwoWayChoice] = {}
+
+    def choice(self, bucket_index: int, num_drafts: int) -> TwoWayChoice:
+        """The choice for steps of `num_drafts` drafts in bucket `bucket_index`; a new one
+        starts measuring with the way the bucket's most measured choice prefers."""
+        key = (bucket_index, num_drafts)
+        if key not in self.choices:
+            measured = [
+                choice
+                for (bucket, _), choice in self.choices.items()
+                if bucket == bucket_index and choice.measured()
+            ]
+            most_measured = max(
+                measured,
+                key=lambda choice: choice.first.samples + choice.second.samples,
+                default=None,
+            )
+            starts_reduced = most_measured is not None and most_measured.prefers_second
+            self.choices[key] = TwoWayChoice(SCHEDULE, starts_second=starts_reduced)
+        return self.choices[key]
 
     def batch_bucket(self, context_lens: torch.Tensor) -> int:
         """[R] context lengths -> the bucket holding most of the context tokens of the
@@ -111,15 +140,21 @@ class RetrievalChooser:
         most_tokens, bucket = torch.stack(tokens.max(0)).tolist()
         return bucket if most_tokens > 0 else -1
 
-    def reduces(self, bucket_index: int) -> bool:
-        """Whether the requests of a batch whose bucket is `bucket_index` draft on the
-        reduced cache now."""
-        return self.buckets[bucket_index].uses_second()
+    def reduces(self, bucket_index: int, num_drafts: int) -> bool:
+        """Whether the requests of a batch whose bucket is `bucket_index` draft their
+        `num_drafts` tokens on the reduced cache now."""
+        return self.choice(bucket_index, num_drafts).uses_second()
 
     def record_step(
-        self, bucket_index: int, reduced: bool, step_seconds: float, tokens_per_step: float
+        self,
+        bucket_index: int,
+        num_drafts: int,
+        reduced: bool,
+        step_seconds: float,
+        tokens_per_step: float,
     ) -> None:
-        """One decoding step of a batch whose bucket is `bucket_index`, whose requests
-        drafted on the reduced cache (or all on the full one), then verified: it took
-        `step_seconds` and gave each request `tokens_per_step` tokens on average."""
-        self.buckets[bucket_index].record(reduced, step_seconds, tokens_per_step)
+        """One decoding step of `num_drafts` drafts of a batch whose bucket is
+        `bucket_index`, whose requests drafted on the reduced cache (or all on the full
+        one), then verified: it took `step_seconds` and gave each request
+        `tokens_per_step` tokens on average."""
+        self.choice(bucket_index, num_drafts).record(reduced, step_seconds, tokens_per_step)

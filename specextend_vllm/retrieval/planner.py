@@ -150,7 +150,7 @@ class RetrievalPlanner:
         if self.chooser is not None:
             self._complete_measurement(step, request_ids, started_s)
             batch_bucket = self.chooser.batch_bucket(step.context_lens)
-            if batch_bucket < 0 or not self.chooser.reduces(batch_bucket):
+            if batch_bucket < 0 or not self.chooser.reduces(batch_bucket, num_speculative_tokens):
                 self.state.forget_selections(step.slots[eligible])
                 eligible = torch.zeros_like(eligible)
         compact = self._drafts_compact(step.context_lens, step.slots)
@@ -184,7 +184,11 @@ class RetrievalPlanner:
             seconds = self.mean_over_ranks(seconds.to(self.device)).cpu()
         tokens_per_step = 1 + step.accepted_drafts.double().mean().item()
         self.chooser.record_step(
-            measured.length_bucket, measured.reduced, seconds.item(), tokens_per_step
+            measured.length_bucket,
+            measured.num_drafts,
+            measured.reduced,
+            seconds.item(),
+            tokens_per_step,
         )
 
     def _measurable(
