@@ -11,7 +11,11 @@ The chooser keeps what it learned from one prompt to the next, as in the speed s
 `plain` is no speculation within the same engine; `fixed4` drafts as `draft_model` does,
 on the method's reduced cache. `plain_vllm_attention` is `plain` with its steps' attention
 held on vLLM's decode kernel (`plain` takes the plugin's prefix kernel where
-`verification_attention: auto` measures it faster).
+`verification_attention: auto` measures it faster). `fixed4_hybrid` and `fixed4_vllm_verification`
+are `fixed4` verifying on hybrid attention and on vLLM's attention, whatever `auto` measures:
+the engine is reconfigured for them and back, which starts retrieval's state and the
+`auto` choosers afresh, so they are meant for prompts below `activation_length`. Each
+decode also records the target's forward per decoding step (ms, the mean of its steps).
 
     python -m benchmarks.draft_length_modes [--genres essays fiction code dialogue]
         [--skip-texts 2] [--length 8192] [--rounds 4] [--modes ...] [--compiled] [--output NAME]
@@ -26,15 +30,27 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
-from benchmarks import engine
-from benchmarks.genres import GENRES, genre_texts
+os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
+
+from benchmarks import engine  # noqa: E402
+from benchmarks.genres import GENRES, genre_texts  # noqa: E402
 
 # Mode name -> drafts per step, None for the chooser's own.
 MODES: dict[str, int | None] = {
-    "auto": None, "plain": 0, "plain_vllm_attention": 0, "fixed4": 4, "fixed2": 2
+    "auto": None,
+    "plain": 0,
+    "plain_vllm_attention": 0,
+    "fixed4": 4,
+    "fixed2": 2,
+    "fixed4_hybrid": 4,
+    "fixed4_vllm_verification": 4,
 }
 # Modes whose plain decoding steps attend on vLLM's kernel whatever `auto` measures.
 VLLM_DECODE_ATTENTION_MODES = {"plain_vllm_attention"}
+# Modes that verify with this `verification_attention`, the engine reconfigured for them.
+VERIFICATION_MODES = {"fixed4_hybrid": "hybrid", "fixed4_vllm_verification": "native"}
+NOT_DEFAULT_MODES = VLLM_DECODE_ATTENTION_MODES | set(VERIFICATION_MODES)
+MAX_DRAFTS = 4
 
 
 def draft_length_chooser(llm: Any) -> Any:
@@ -84,6 +100,31 @@ def decode_attention(llm: Any, on_vllm: bool) -> Iterator[None]:
         llm.collective_rpc(hold_decode_attention_on_vllm, args=(False,))
 
 
+@contextlib.contextmanager
+def verification_attention(llm: Any, value: str | None) -> Iterator[None]:
+    """The engine verifying with `verification_attention: value`, then `auto` again; with
+    None, as it is."""
+    from specextend_vllm import reconfigure
+
+    if value is None:
+        yield
+        return
+    reconfigure(llm, verification_attention=value)
+    try:
+        yield
+    finally:
+        reconfigure(llm, verification_attention="auto")
+
+
+def target_forward_ms(llm: Any, max_decode_tokens: int, decode_s: float) -> float | None:
+    """The target's mean forward per decoding step over the steps timed since the last
+    call (prefill steps left out)."""
+    from specextend_vllm import step_timings
+
+    breakdown = engine.time_breakdown(step_timings(llm)[0], max_decode_tokens, decode_s)
+    return 1000 * breakdown["target_forward_s"] if breakdown else None
+
+
 def decode_attention_state(worker: Any) -> dict[int, dict[str, float]]:
     """Per context bucket of plain decoding steps (`algorithm.verification_choice`): the
     attention time of a step on each kernel (ms, the median of its recent steps) and how
@@ -130,11 +171,14 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
     for round_index in range(args.rounds):
         modes = list(args.modes) if round_index % 2 == 0 else list(reversed(args.modes))
         for mode in modes:
-            retrieval_before = engine.retrieval_counters(llm)
-            with fixed_draft_length(chooser, MODES[mode]), decode_attention(
-                llm, mode in VLLM_DECODE_ATTENTION_MODES
-            ):
-                [request], _ = engine.generate(llm, [prompt], args.max_tokens)
+            with verification_attention(llm, VERIFICATION_MODES.get(mode)):
+                retrieval_before = engine.retrieval_counters(llm)
+                target_forward_ms(llm, MAX_DRAFTS + 1, 1.0)
+                with fixed_draft_length(chooser, MODES[mode]), decode_attention(
+                    llm, mode in VLLM_DECODE_ATTENTION_MODES
+                ):
+                    [request], _ = engine.generate(llm, [prompt], args.max_tokens)
+                forward_ms = target_forward_ms(llm, MAX_DRAFTS + 1, request.decode_s)
             reduced_steps, _ = engine.reduced_steps_between(
                 retrieval_before, engine.retrieval_counters(llm)
             )
@@ -144,6 +188,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                     "drafting_steps": sum(1 for drafts in request.drafted_per_step if drafts),
                     "round": round_index,
                     "decode_tokens_per_s": (len(request.tokens) - 1) / request.decode_s,
+                    "target_forward_ms": forward_ms,
                     "drafted_per_step": request.drafted_per_step,
                     "accepted_per_step": request.accepted_per_step,
                     "mean_acceptance_length": request.mean_acceptance_length,
@@ -163,8 +208,9 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
 
 
 def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Per mode: the median tokens/s of its decodes, their range, and the median over
-    plain's and over the fastest mode's other than `auto`."""
+    """Per mode: the median tokens/s of its decodes, their range, the median over plain's
+    and over the fastest mode's other than `auto`, and the median of the decodes' target
+    forward per step (ms)."""
     medians = {
         mode: statistics.median(d["decode_tokens_per_s"] for d in decodes)
         for mode, decodes in results["decodes"].items()
@@ -179,6 +225,9 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
             "max": max(rates),
             "vs_plain": medians[mode] / medians["plain"],
             "vs_fastest_other": medians[mode] / fastest_other,
+            "target_forward_ms": statistics.median(
+                d.get("target_forward_ms") or 0.0 for d in decodes
+            ),
         }
     return rows
 
@@ -196,7 +245,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument(
-        "--modes", nargs="+", choices=list(MODES), default=[m for m in MODES if m not in VLLM_DECODE_ATTENTION_MODES],
+        "--modes", nargs="+", choices=list(MODES), default=[m for m in MODES if m not in NOT_DEFAULT_MODES],
         help="the modes each round decodes in (plain among them)",
     )
     parser.add_argument("--compiled", action="store_true", help="vLLM's default compiled mode")
@@ -211,7 +260,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target)
     llm = engine.make_llm(
         target,
-        {"method": "specextend", "model": str(draft), "num_speculative_tokens": 4},
+        {"method": "specextend", "model": str(draft), "num_speculative_tokens": MAX_DRAFTS},
         args.length + args.max_tokens + 64,
         enforce_eager=not args.compiled,
     )
@@ -223,11 +272,15 @@ def main() -> None:
         prompt_results["summary"] = summary(prompt_results)
         results[f"{genre}: {name}"] = prompt_results
         print(f"\n{genre}: {name}, {args.length} tokens")
-        print("| mode | decode tokens/s (min-max) | vs plain | vs the fastest other |")
+        print(
+            "| mode | decode tokens/s (min-max) | vs plain | vs the fastest other "
+            "| target forward ms |"
+        )
         for mode, row in prompt_results["summary"].items():
             print(
                 f"| {mode} | {row['median']:.2f} ({row['min']:.2f}-{row['max']:.2f}) | "
-                f"{row['vs_plain']:.2f} | {row['vs_fastest_other']:.2f} |",
+                f"{row['vs_plain']:.2f} | {row['vs_fastest_other']:.2f} "
+                f"| {row['target_forward_ms']:.0f} |",
                 flush=True,
             )
     engine.close(llm)

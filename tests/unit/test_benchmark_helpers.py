@@ -6,6 +6,7 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
 from benchmarks.engine import (
@@ -132,6 +133,30 @@ def test_a_fixed_draft_length_holds_the_choosers_table_and_gives_it_back() -> No
     assert chooser.buckets[0].step_s[4].samples == 1
     with fixed_draft_length(chooser, None):
         assert chooser.lookup == [4] * 5
+
+
+def test_a_verification_mode_reconfigures_the_engine_and_back() -> None:
+    """`benchmarks.draft_length_modes`' `fixed4_hybrid` and `fixed4_vllm_verification`
+    reconfigure the engine's `verification_attention` for their decode, then back to
+    `auto`, also when the decode fails; the other modes leave it as it is."""
+    from benchmarks.draft_length_modes import VERIFICATION_MODES, verification_attention
+
+    class Engine:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, dict]] = []
+
+        def collective_rpc(self, method: str, args: tuple = ()) -> list:
+            self.calls.append((method, *args))
+            return []
+
+    llm = Engine()
+    with verification_attention(llm, VERIFICATION_MODES.get("fixed4")):
+        assert llm.calls == []
+    with pytest.raises(RuntimeError):
+        with verification_attention(llm, VERIFICATION_MODES["fixed4_vllm_verification"]):
+            assert llm.calls == [("specextend_reconfigure", {"verification_attention": "native"})]
+            raise RuntimeError("the decode failed")
+    assert llm.calls[-1] == ("specextend_reconfigure", {"verification_attention": "auto"})
 
 
 def test_the_choosers_state_is_what_it_holds_for_a_request_alone() -> None:
