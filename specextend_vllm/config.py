@@ -74,8 +74,8 @@ class SpecExtendConfig:
     retrieval: `auto` drafts on the reduced cache where that gives more tokens per second
         than the full cache, per bucket of context lengths (from `activation_length` to
         twice it, to four times it, ...) and number of drafts per step, from the measured
-        step times and acceptance of each, explored in turn and re-explored; `always` drafts on the reduced cache from
-        `activation_length` on.
+        step times and acceptance of each, explored in turn and re-explored; `always`
+        drafts on the reduced cache from `activation_length` on.
     policy: `cmr` (chunks ranked by the target's final-layer attention), `streaming`
         (the first chunk and the most recent ones) or `full` (no reduction).
     chunk_ranking: how `cmr` ranks chunks. `attention`: by the target's attention to each.
