@@ -164,6 +164,8 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
     mode; each decode's tokens/s, drafts and accepted drafts per step, draft steps on the
     reduced cache (the rest drafted on the full one: `retrieval: auto` chooses as usual)
     and the chooser's state after it."""
+    from specextend_vllm import step_timings
+
     chooser = draft_length_chooser(llm)
     [first], _ = engine.generate(llm, [prompt], args.max_tokens)
     first_state = chooser_state(chooser)
@@ -173,7 +175,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
         for mode in modes:
             with verification_attention(llm, VERIFICATION_MODES.get(mode)):
                 retrieval_before = engine.retrieval_counters(llm)
-                target_forward_ms(llm, MAX_DRAFTS + 1, 1.0)
+                step_timings(llm)  # the steps timed before this decode, dropped
                 with fixed_draft_length(chooser, MODES[mode]), decode_attention(
                     llm, mode in VLLM_DECODE_ATTENTION_MODES
                 ):
