@@ -11,7 +11,11 @@ The chooser keeps what it learned from one prompt to the next, as in the speed s
 `plain` is no speculation within the same engine; `fixed4` drafts as `draft_model` does,
 on the method's reduced cache. `plain_vllm_attention` is `plain` with its steps' attention
 held on vLLM's decode kernel (`plain` takes the plugin's prefix kernel where
-`verification_attention: auto` measures it faster). `fixed4_hybrid` and `fixed4_vllm_verification`
+`verification_attention: auto` measures it faster): no speculation's step.
+`draft_model_like` drafts 4 every step on the full cache, verified on vLLM's attention:
+`draft_model`'s algorithm in this engine (the draft's LM head is the plugin's int8 rows,
+where `draft_model` runs it as loaded, in fp32: its proposal costs more). The choices
+these modes hold are paused meanwhile. `fixed4_hybrid` and `fixed4_vllm_verification`
 are `fixed4` verifying on hybrid attention and on vLLM's attention, whatever `auto` measures:
 the engine is reconfigured for them and back, which starts retrieval's state and the
 `auto` choosers afresh, so they are meant for prompts below `activation_length`. Each
@@ -44,12 +48,17 @@ MODES: dict[str, int | None] = {
     "fixed2": 2,
     "fixed4_hybrid": 4,
     "fixed4_vllm_verification": 4,
+    "draft_model_like": 4,
 }
-# Modes whose plain decoding steps attend on vLLM's kernel whatever `auto` measures.
-VLLM_DECODE_ATTENTION_MODES = {"plain_vllm_attention"}
+# The choices a mode holds whatever `auto` measures (`held_choices`): plain decoding steps
+# and verifying ones on vLLM's attention, the draft on the full cache.
+HELD_CHOICES = {
+    "plain_vllm_attention": ("vllm_decode_attention",),
+    "draft_model_like": ("vllm_decode_attention", "vllm_verification_attention", "full_cache"),
+}
 # Modes that verify with this `verification_attention`, the engine reconfigured for them.
 VERIFICATION_MODES = {"fixed4_hybrid": "hybrid", "fixed4_vllm_verification": "native"}
-NOT_DEFAULT_MODES = VLLM_DECODE_ATTENTION_MODES | set(VERIFICATION_MODES)
+NOT_DEFAULT_MODES = set(HELD_CHOICES) | set(VERIFICATION_MODES)
 MAX_DRAFTS = 4
 
 
@@ -77,27 +86,38 @@ def fixed_draft_length(chooser: Any, num_drafts: int | None) -> Iterator[None]:
         chooser.lookup[:] = kept
 
 
-def hold_decode_attention_on_vllm(worker: Any, hold: bool) -> None:
-    """Pins (or frees) the choice of plain decoding steps' attention of `verification_attention:
-    auto` on one rank: vLLM's kernel, its measurements paused."""
-    decoding_chooser = worker.model_runner.drafter.verification.decoding_chooser
-    if hold:
-        decoding_chooser.verifies_natively = lambda bucket_index: True
-        decoding_chooser.record_step = lambda *args: None
-    else:
-        del decoding_chooser.verifies_natively, decoding_chooser.record_step
+def hold_choices(worker: Any, choices: tuple[str, ...], hold: bool) -> None:
+    """Pins (or frees) `choices` on one rank, their measurements paused: the attention of
+    plain decoding steps (`vllm_decode_attention`) and of verifying ones
+    (`vllm_verification_attention`) on vLLM's, whatever `verification_attention: auto`
+    measures, and the draft on the full cache (`full_cache`), whatever `retrieval: auto`
+    does."""
+    drafter = worker.model_runner.drafter
+    pins = {
+        "vllm_decode_attention": (drafter.verification.decoding_chooser, "verifies_natively", True),
+        "vllm_verification_attention": (drafter.verification.verifying_chooser, "verifies_natively", True),
+        "full_cache": (drafter.planner.chooser, "reduces", False),
+    }
+    for choice in choices:
+        chooser, method, answer = pins[choice]
+        if hold:
+            setattr(chooser, method, lambda *args, answer=answer: answer)
+            chooser.record_step = lambda *args: None
+        else:
+            delattr(chooser, method)
+            del chooser.record_step
 
 
 @contextlib.contextmanager
-def decode_attention(llm: Any, on_vllm: bool) -> Iterator[None]:
-    if not on_vllm:
+def held_choices(llm: Any, choices: tuple[str, ...]) -> Iterator[None]:
+    if not choices:
         yield
         return
-    llm.collective_rpc(hold_decode_attention_on_vllm, args=(True,))
+    llm.collective_rpc(hold_choices, args=(choices, True))
     try:
         yield
     finally:
-        llm.collective_rpc(hold_decode_attention_on_vllm, args=(False,))
+        llm.collective_rpc(hold_choices, args=(choices, False))
 
 
 @contextlib.contextmanager
@@ -176,8 +196,8 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
             with verification_attention(llm, VERIFICATION_MODES.get(mode)):
                 retrieval_before = engine.retrieval_counters(llm)
                 step_timings(llm)  # the steps timed before this decode, dropped
-                with fixed_draft_length(chooser, MODES[mode]), decode_attention(
-                    llm, mode in VLLM_DECODE_ATTENTION_MODES
+                with fixed_draft_length(chooser, MODES[mode]), held_choices(
+                    llm, HELD_CHOICES.get(mode, ())
                 ):
                     [request], _ = engine.generate(llm, [prompt], args.max_tokens)
                 forward_ms = target_forward_ms(llm, MAX_DRAFTS + 1, request.decode_s)
@@ -210,14 +230,16 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
 
 
 def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Per mode: the median tokens/s of its decodes, their range, the median over plain's
-    and over the fastest mode's other than `auto`, and the median of the decodes' target
-    forward per step (ms)."""
+    """Per mode: the median tokens/s of its decodes, their range, the median over plain's,
+    over the fastest mode's other than `auto` and, with both in the run, over the faster
+    of `plain_vllm_attention` and `draft_model_like` (no speculation and `draft_model` in
+    this engine), and the median of the decodes' target forward per step (ms)."""
     medians = {
         mode: statistics.median(d["decode_tokens_per_s"] for d in decodes)
         for mode, decodes in results["decodes"].items()
     }
     fastest_other = max(v for mode, v in medians.items() if mode != "auto")
+    alternatives = [medians[mode] for mode in ("plain_vllm_attention", "draft_model_like") if mode in medians]
     rows = {}
     for mode, decodes in results["decodes"].items():
         rates = [d["decode_tokens_per_s"] for d in decodes]
@@ -231,6 +253,9 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                 d.get("target_forward_ms") or 0.0 for d in decodes
             ),
         }
+        if len(alternatives) == 2:
+            rows[mode]["vs_faster_alternative"] = medians[mode] / max(alternatives)
+            rows[mode]["vs_draft_model_like"] = medians[mode] / medians["draft_model_like"]
     return rows
 
 
@@ -276,12 +301,14 @@ def main() -> None:
         print(f"\n{genre}: {name}, {args.length} tokens")
         print(
             "| mode | decode tokens/s (min-max) | vs plain | vs the fastest other "
-            "| target forward ms |"
+            "| vs the faster alternative | vs draft_model_like | target forward ms |"
         )
         for mode, row in prompt_results["summary"].items():
             print(
                 f"| {mode} | {row['median']:.2f} ({row['min']:.2f}-{row['max']:.2f}) | "
                 f"{row['vs_plain']:.2f} | {row['vs_fastest_other']:.2f} "
+                f"| {row.get('vs_faster_alternative', float('nan')):.2f} "
+                f"| {row.get('vs_draft_model_like', float('nan')):.2f} "
                 f"| {row['target_forward_ms']:.0f} |",
                 flush=True,
             )

@@ -117,9 +117,9 @@ def prefill_figures(rows: Rows, model: str) -> dict[str, float]:
 def measure(llm: Any, prompt: list[int], args: Any) -> dict[str, Any]:
     """One prompt: its prefill's parts, then the rounds' plain and verifying forwards'."""
     from benchmarks.draft_length_modes import (
-        decode_attention,
         draft_length_chooser,
         fixed_draft_length,
+        held_choices,
     )
 
     chooser = draft_length_chooser(llm)
@@ -135,7 +135,9 @@ def measure(llm: Any, prompt: list[int], args: Any) -> dict[str, Any]:
     for round_index in range(args.repeats):
         for mode in list(modes) if round_index % 2 == 0 else list(reversed(modes)):
             num_drafts, tokens = modes[mode]
-            with fixed_draft_length(chooser, num_drafts), decode_attention(llm, mode == "plain"):
+            with fixed_draft_length(chooser, num_drafts), held_choices(
+                llm, ("vllm_decode_attention",) if mode == "plain" else ()
+            ):
                 [request], _ = engine.generate(llm, [prompt], args.max_tokens)
             same_output &= request.tokens == first.tokens
             rows = llm.collective_rpc(read)[0]

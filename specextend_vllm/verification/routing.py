@@ -65,6 +65,8 @@ class VerificationRouting:
         self._on_native_verification = on_native_verification
         self._on_kernel_decode = on_kernel_decode
         self._blockers: list[str] = []
+        self.verifying_chooser: VerificationChooser | None = None
+        """Under `measured`: the choice of verifying steps' attention."""
         self.decoding_chooser: VerificationChooser | None = None
         """Under `measured`: the choice of plain decoding steps' attention."""
 
@@ -88,8 +90,9 @@ class VerificationRouting:
         verification = config.exact_verification_attention(self._blockers, self.device_type)
         paths: list[AttentionPath | None]
         if verification == "measured":
+            self.verifying_chooser = VerificationChooser()
             verification_step = MeasuredVerificationStep(
-                VerificationChooser(), on_native=self._on_native_verification
+                self.verifying_chooser, on_native=self._on_native_verification
             )
             self.decoding_chooser = VerificationChooser()
             decoding_step = MeasuredVerificationStep(
@@ -102,7 +105,7 @@ class VerificationRouting:
                 for index, (_, path) in enumerate(self._paths)
             ]
         else:
-            self.decoding_chooser = None
+            self.verifying_chooser = self.decoding_chooser = None
             paths = [path if verification == "hybrid" else None for _, path in self._paths]
         for (seam, _), path in zip(self._paths, paths):
             seam.compute_with(path)

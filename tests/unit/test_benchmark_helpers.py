@@ -16,6 +16,7 @@ from benchmarks.engine import (
     source_commit,
     time_breakdown,
 )
+from benchmarks.draft_length_simulation import COST_PROFILES, Machine, correct_drafts, decode
 from benchmarks.forward_parts import PartClock, decode_figures, prefill_figures
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
 from benchmarks.speed_summary import cells_at_defaults, summarize
@@ -25,6 +26,24 @@ def test_origin_of_each_output_token() -> None:
     origins = draft_origin_of_tokens([2, 4], [4, 4], 9)
     assert origins == ["prefill", "accepted", "accepted", "corrected"] + ["accepted"] * 4 + ["bonus"]
     assert draft_origin_of_tokens([2, 4], [4, 4], 5) == origins[:5]
+
+
+def test_the_simulated_decode_replays_the_saved_drafts_at_any_number_of_drafts() -> None:
+    """The saved run drafted 4 a step and accepted 2, 0, 3: the draft was right on output
+    tokens 0-1 and 4-6 and wrong on 2, 3 and 7. Drafting 2 a step replays the same 8
+    tokens in 4 steps: 2 accepted from token 0, none from 3, 2 from 4, none from 7."""
+    stream = correct_drafts([2, 0, 3], num_drafts=4)
+    assert stream == [True, True, False, False, True, True, True, False]
+    steps: list[tuple[int, int, list[float]]] = []
+    costs = COST_PROFILES["verify_cheap"]
+    tokens, seconds = decode(
+        [stream], lambda: 2, lambda verified, next_drafts, s, shares: steps.append((verified, next_drafts, shares)),
+        costs, Machine([0.0], [1.0]), seed=0,
+    )
+    assert tokens == len(stream)
+    assert [shares for _, _, shares in steps] == [[1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]
+    assert all(verified == next_drafts == 2 for verified, next_drafts, _ in steps)
+    assert 4 * costs.seconds(2) * 0.8 < seconds < 4 * costs.seconds(2) * 1.3 * 1.2
 
 
 def test_acceptance_per_position_and_mean_length() -> None:
@@ -133,6 +152,33 @@ def test_a_fixed_draft_length_holds_the_choosers_table_and_gives_it_back() -> No
     assert chooser.buckets[0].step_s[4].samples == 1
     with fixed_draft_length(chooser, None):
         assert chooser.lookup == [4] * 5
+
+
+def test_held_choices_pin_the_choosers_and_give_them_back() -> None:
+    """`draft_model_like` holds plain and verifying steps on vLLM's attention and the draft
+    on the full cache, whatever the choosers measured, their measurements paused; then the
+    choosers answer and measure as before."""
+    from types import SimpleNamespace
+
+    from benchmarks.draft_length_modes import HELD_CHOICES, hold_choices
+    from specextend_vllm.algorithm.retrieval_choice import RetrievalChooser
+    from specextend_vllm.algorithm.verification_choice import VerificationChooser
+
+    verification = SimpleNamespace(decoding_chooser=VerificationChooser(), verifying_chooser=VerificationChooser())
+    planner = SimpleNamespace(chooser=RetrievalChooser(activation_length=1024))
+    worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace(verification=verification, planner=planner)))
+    choosers = [verification.decoding_chooser, verification.verifying_chooser, planner.chooser]
+    before = [type(chooser).__dict__.keys() & vars(chooser).keys() for chooser in choosers]
+
+    hold_choices(worker, HELD_CHOICES["draft_model_like"], hold=True)
+    assert verification.decoding_chooser.verifies_natively(0) and verification.verifying_chooser.verifies_natively(3)
+    assert not planner.chooser.reduces(2, 4)
+    verification.verifying_chooser.record_step(0, False, 0.001)
+    assert not verification.verifying_chooser.buckets[0].first.samples
+    hold_choices(worker, HELD_CHOICES["draft_model_like"], hold=False)
+    assert [type(chooser).__dict__.keys() & vars(chooser).keys() for chooser in choosers] == before
+    verification.verifying_chooser.record_step(0, False, 0.001)
+    assert verification.verifying_chooser.buckets[0].first.samples == 1
 
 
 def test_a_verification_mode_reconfigures_the_engine_and_back() -> None:
