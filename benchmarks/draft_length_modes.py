@@ -95,7 +95,9 @@ def hold_choices(worker: Any, choices: tuple[str, ...], hold: bool) -> None:
     drafter = worker.model_runner.drafter
     pins = {
         "vllm_decode_attention": (drafter.verification.decoding_chooser, "verifies_natively", True),
-        "vllm_verification_attention": (drafter.verification.verifying_chooser, "verifies_natively", True),
+        "vllm_verification_attention": (
+            drafter.verification.verifying_chooser, "verifies_natively", True
+        ),
         "full_cache": (drafter.planner.chooser, "reduces", False),
     }
     for choice in choices:
@@ -239,7 +241,9 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
         for mode, decodes in results["decodes"].items()
     }
     fastest_other = max(v for mode, v in medians.items() if mode != "auto")
-    alternatives = [medians[mode] for mode in ("plain_vllm_attention", "draft_model_like") if mode in medians]
+    alternatives = [
+        medians[mode] for mode in ("plain_vllm_attention", "draft_model_like") if mode in medians
+    ]
     rows = {}
     for mode, decodes in results["decodes"].items():
         rates = [d["decode_tokens_per_s"] for d in decodes]

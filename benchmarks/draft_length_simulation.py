@@ -133,7 +133,8 @@ def decode(
                     break
                 accepted += 1
             seconds = costs.seconds(verified) * machine.factor(elapsed)
-            seconds *= (COLD_SLOWDOWN if steps < COLD_STEPS else 1.0) * (1 + rng.gauss(0, STEP_NOISE))
+            seconds *= COLD_SLOWDOWN if steps < COLD_STEPS else 1.0
+            seconds *= 1 + rng.gauss(0, STEP_NOISE)
             next_drafts = policy()
             record(verified, next_drafts, seconds, [float(accepted > i) for i in range(verified)])
             tokens += accepted + 1
@@ -155,7 +156,9 @@ def rate(workload: Sequence[list[bool | None]], num_drafts: int | None, costs: S
 
         tokens, seconds = decode(workload, lambda: chooser.lookup[1], record, costs, machine, seed)
     else:
-        tokens, seconds = decode(workload, lambda: num_drafts, lambda *_: None, costs, machine, seed)
+        tokens, seconds = decode(
+            workload, lambda: num_drafts, lambda *_: None, costs, machine, seed
+        )
     return tokens / seconds
 
 
@@ -168,7 +171,9 @@ def saved_workloads(repeats: int) -> dict[str, list[list[bool | None]]]:
         if "runs" not in record or record["args"].get("k", NUM_DRAFTS) != NUM_DRAFTS:
             continue
         for run in record["runs"]:
-            if run["method"] != "draft_model" or run.get("repeat", 0) or not run.get("accepted_per_step"):
+            if run["method"] != "draft_model" or run.get("repeat", 0):
+                continue
+            if not run.get("accepted_per_step"):
                 continue
             name = f"{path.rsplit('/', 1)[-1].removesuffix('.json')} {run['length'] // 1024}K"
             stream = correct_drafts(run["accepted_per_step"], NUM_DRAFTS)
@@ -185,13 +190,18 @@ def summary(ratios: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, nargs="+", default=[1, 3, 30])
     parser.add_argument("--output", default="draft_length_simulation")
     args = parser.parse_args()
     results: dict[str, Any] = {}
-    print("| decodes of each text | costs | machine | auto vs best fixed: median (min) | share below 0.97x | auto vs 4 every step: median (min) | share below 0.97x |")
+    print(
+        "| decodes of each text | costs | machine | auto vs best fixed: median (min) "
+        "| share below 0.97x | auto vs 4 every step: median (min) | share below 0.97x |"
+    )
     print("|---|---|---|---|---|---|---|")
     for repeats in args.repeats:
         workloads = saved_workloads(repeats)
@@ -202,15 +212,21 @@ def main() -> None:
                     horizon = 4.0 * sum(map(len, workload))
                     for seed in range(args.seeds):
                         machine = Machine.make(kind, random.Random(seed), horizon)
-                        fixed = [rate(workload, j, costs, machine, seed) for j in range(NUM_DRAFTS + 1)]
+                        fixed = [
+                            rate(workload, j, costs, machine, seed) for j in range(NUM_DRAFTS + 1)
+                        ]
                         auto = rate(workload, None, costs, machine, seed)
                         against_best.append(auto / max(fixed))
                         against_four.append(auto / fixed[NUM_DRAFTS])
                 best, four = summary(against_best), summary(against_four)
-                results[f"{repeats} {profile} {kind}"] = {"against_best_fixed": best, "against_four": four}
+                results[f"{repeats} {profile} {kind}"] = {
+                    "against_best_fixed": best,
+                    "against_four": four,
+                }
                 print(
                     f"| {repeats} | {profile} | {kind} | {best['median']:.3f} ({best['min']:.3f}) "
-                    f"| {best['below_0.97']:.2f} | {four['median']:.3f} ({four['min']:.3f}) | {four['below_0.97']:.2f} |",
+                    f"| {best['below_0.97']:.2f} | {four['median']:.3f} ({four['min']:.3f}) "
+                    f"| {four['below_0.97']:.2f} |",
                     flush=True,
                 )
     results["workloads"] = {name: len(streams) for name, streams in saved_workloads(1).items()}

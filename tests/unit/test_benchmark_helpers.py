@@ -37,8 +37,12 @@ def test_the_simulated_decode_replays_the_saved_drafts_at_any_number_of_drafts()
     steps: list[tuple[int, int, list[float]]] = []
     costs = COST_PROFILES["verify_cheap"]
     tokens, seconds = decode(
-        [stream], lambda: 2, lambda verified, next_drafts, s, shares: steps.append((verified, next_drafts, shares)),
-        costs, Machine([0.0], [1.0]), seed=0,
+        [stream],
+        lambda: 2,
+        lambda verified, next_drafts, s, shares: steps.append((verified, next_drafts, shares)),
+        costs,
+        Machine([0.0], [1.0]),
+        seed=0,
     )
     assert tokens == len(stream)
     assert [shares for _, _, shares in steps] == [[1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]
@@ -164,14 +168,18 @@ def test_held_choices_pin_the_choosers_and_give_them_back() -> None:
     from specextend_vllm.algorithm.retrieval_choice import RetrievalChooser
     from specextend_vllm.algorithm.verification_choice import VerificationChooser
 
-    verification = SimpleNamespace(decoding_chooser=VerificationChooser(), verifying_chooser=VerificationChooser())
+    verification = SimpleNamespace(
+        decoding_chooser=VerificationChooser(), verifying_chooser=VerificationChooser()
+    )
     planner = SimpleNamespace(chooser=RetrievalChooser(activation_length=1024))
-    worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace(verification=verification, planner=planner)))
+    drafter = SimpleNamespace(verification=verification, planner=planner)
+    worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=drafter))
     choosers = [verification.decoding_chooser, verification.verifying_chooser, planner.chooser]
     before = [type(chooser).__dict__.keys() & vars(chooser).keys() for chooser in choosers]
 
     hold_choices(worker, HELD_CHOICES["draft_model_like"], hold=True)
-    assert verification.decoding_chooser.verifies_natively(0) and verification.verifying_chooser.verifies_natively(3)
+    assert verification.decoding_chooser.verifies_natively(0)
+    assert verification.verifying_chooser.verifies_natively(3)
     assert not planner.chooser.reduces(2, 4)
     verification.verifying_chooser.record_step(0, False, 0.001)
     assert not verification.verifying_chooser.buckets[0].first.samples
