@@ -112,6 +112,7 @@ def hold_choices(worker: Any, choices: tuple[str, ...], hold: bool) -> None:
 
 @contextlib.contextmanager
 def held_choices(llm: Any, choices: tuple[str, ...]) -> Iterator[None]:
+    """The engine with `choices` held on every rank (`hold_choices`), then freed."""
     if not choices:
         yield
         return

@@ -145,8 +145,13 @@ def decode(
     return tokens, elapsed
 
 
-def rate(workload: Sequence[list[bool | None]], num_drafts: int | None, costs: StepCosts,
-         machine: Machine, seed: int) -> float:
+def rate(
+    workload: Sequence[list[bool | None]],
+    num_drafts: int | None,
+    costs: StepCosts,
+    machine: Machine,
+    seed: int,
+) -> float:
     """Tokens per second with `num_drafts` every step, or with the chooser (None)."""
     if num_drafts is None:
         chooser = DraftLengthChooser(NUM_DRAFTS, max_batch_size=1)
