@@ -31,7 +31,7 @@ import argparse
 import contextlib
 import os
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
@@ -86,22 +86,28 @@ def fixed_draft_length(chooser: Any, num_drafts: int | None) -> Iterator[None]:
         chooser.lookup[:] = kept
 
 
+# Per choice a mode may hold: the chooser (from the worker's drafter), the method that
+# answers it and the answer held.
+PINS: dict[str, tuple[Callable[[Any], Any], str, bool]] = {
+    "vllm_decode_attention": (
+        lambda drafter: drafter.verification.decoding_chooser, "verifies_natively", True
+    ),
+    "vllm_verification_attention": (
+        lambda drafter: drafter.verification.verifying_chooser, "verifies_natively", True
+    ),
+    "full_cache": (lambda drafter: drafter.planner.chooser, "reduces", False),
+}
+
+
 def hold_choices(worker: Any, choices: tuple[str, ...], hold: bool) -> None:
     """Pins (or frees) `choices` on one rank, their measurements paused: the attention of
     plain decoding steps (`vllm_decode_attention`) and of verifying ones
     (`vllm_verification_attention`) on vLLM's, whatever `verification_attention: auto`
     measures, and the draft on the full cache (`full_cache`), whatever `retrieval: auto`
     does."""
-    drafter = worker.model_runner.drafter
-    pins = {
-        "vllm_decode_attention": (drafter.verification.decoding_chooser, "verifies_natively", True),
-        "vllm_verification_attention": (
-            drafter.verification.verifying_chooser, "verifies_natively", True
-        ),
-        "full_cache": (drafter.planner.chooser, "reduces", False),
-    }
     for choice in choices:
-        chooser, method, answer = pins[choice]
+        chooser_of, method, answer = PINS[choice]
+        chooser = chooser_of(worker.model_runner.drafter)
         if hold:
             setattr(chooser, method, lambda *args, answer=answer: answer)
             chooser.record_step = lambda *args: None
@@ -242,9 +248,6 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
         for mode, decodes in results["decodes"].items()
     }
     fastest_other = max(v for mode, v in medians.items() if mode != "auto")
-    alternatives = [
-        medians[mode] for mode in ("plain_vllm_attention", "draft_model_like") if mode in medians
-    ]
     rows = {}
     for mode, decodes in results["decodes"].items():
         rates = [d["decode_tokens_per_s"] for d in decodes]
@@ -258,8 +261,9 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                 d.get("target_forward_ms") or 0.0 for d in decodes
             ),
         }
-        if len(alternatives) == 2:
-            rows[mode]["vs_faster_alternative"] = medians[mode] / max(alternatives)
+        if {"plain_vllm_attention", "draft_model_like"} <= medians.keys():
+            faster = max(medians["plain_vllm_attention"], medians["draft_model_like"])
+            rows[mode]["vs_faster_alternative"] = medians[mode] / faster
             rows[mode]["vs_draft_model_like"] = medians[mode] / medians["draft_model_like"]
     return rows
 
