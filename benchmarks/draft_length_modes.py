@@ -13,8 +13,9 @@ on the method's reduced cache. `plain_vllm_attention` is `plain` with its steps'
 held on vLLM's decode kernel (`plain` takes the plugin's prefix kernel where
 `verification_attention: auto` measures it faster): no speculation's step.
 `draft_model_like` drafts 4 every step on the full cache, verified on vLLM's attention:
-`draft_model`'s algorithm in this engine (the draft's LM head is the plugin's int8 rows,
-where `draft_model` runs it as loaded, in fp32: its proposal costs more). The choices
+`draft_model`'s algorithm in this engine (with the int8 draft, the draft's LM head is the
+plugin's int8 rows, where `draft_model` runs it as loaded, in fp32: its proposal costs
+more; with `--draft-precision fp32` both run it as loaded). The choices
 these modes hold are paused meanwhile. `fixed4_hybrid` and `fixed4_vllm_verification`
 are `fixed4` verifying on hybrid attention and on vLLM's attention, whatever `auto` measures:
 the engine is reconfigured for them and back, which starts retrieval's state and the
@@ -22,7 +23,8 @@ the engine is reconfigured for them and back, which starts retrieval's state and
 decode also records the target's forward per decoding step (ms, the mean of its steps).
 
     python -m benchmarks.draft_length_modes [--genres essays fiction code dialogue]
-        [--skip-texts 2] [--length 8192] [--rounds 4] [--modes ...] [--compiled] [--output NAME]
+        [--skip-texts 2] [--length 8192] [--rounds 4] [--modes ...] [--compiled]
+        [--draft-precision int8|fp32] [--output NAME]
 """
 
 from __future__ import annotations
@@ -287,14 +289,15 @@ def main() -> None:
         help="the modes each round decodes in (plain among them)",
     )
     parser.add_argument("--compiled", action="store_true", help="vLLM's default compiled mode")
+    parser.add_argument("--draft-precision", choices=["int8", "fp32"], default="int8")
     parser.add_argument("--output", default="draft_length_modes")
     args = parser.parse_args()
     if "plain" not in args.modes:
         parser.error("--modes must include plain: every mode is compared with it")
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    _, target = qwen_pair()
-    draft = int8_draft()
+    fp32_draft, target = qwen_pair()
+    draft = int8_draft() if args.draft_precision == "int8" else fp32_draft
     tokenizer = AutoTokenizer.from_pretrained(target)
     llm = engine.make_llm(
         target,
