@@ -15,7 +15,11 @@ held on vLLM's decode kernel (`plain` takes the plugin's prefix kernel where
 `draft_model_like` drafts 4 every step on the full cache, verified on vLLM's attention:
 `draft_model`'s algorithm in this engine (with the int8 draft, the draft's LM head is the
 plugin's int8 rows, where `draft_model` runs it as loaded, in fp32: its proposal costs
-more; with `--draft-precision fp32` both run it as loaded). The choices
+more; with `--draft-precision fp32` both run it as loaded). At the defaults the draft
+writes its KV of a prompt through `draft_prefill_window`, which `draft_model` does not:
+on prompts longer than the window `draft_model_like` then reads a draft KV that
+`draft_model` would not, and can accept less than it; `--draft-prefill-window none`
+writes it over the whole prompt in every mode. The choices
 these modes hold are paused meanwhile. `fixed4_hybrid` and `fixed4_vllm_verification`
 are `fixed4` verifying on hybrid attention and on vLLM's attention, whatever `auto` measures:
 the engine is reconfigured for them and back, which starts retrieval's state and the
@@ -24,7 +28,7 @@ decode also records the target's forward per decoding step (ms, the mean of its 
 
     python -m benchmarks.draft_length_modes [--genres essays fiction code dialogue]
         [--skip-texts 2] [--length 8192] [--rounds 4] [--modes ...] [--compiled]
-        [--draft-precision int8|fp32] [--output NAME]
+        [--draft-precision int8|fp32] [--draft-prefill-window default|none] [--output NAME]
 """
 
 from __future__ import annotations
@@ -290,6 +294,11 @@ def main() -> None:
     )
     parser.add_argument("--compiled", action="store_true", help="vLLM's default compiled mode")
     parser.add_argument("--draft-precision", choices=["int8", "fp32"], default="int8")
+    parser.add_argument(
+        "--draft-prefill-window", choices=["default", "none"], default="default",
+        help="none: the draft writes its KV of the prompt attending to the whole prompt, as "
+        "vLLM's draft_model does, so that draft_model_like reads the KV draft_model reads",
+    )
     parser.add_argument("--output", default="draft_length_modes")
     args = parser.parse_args()
     if "plain" not in args.modes:
@@ -301,7 +310,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target)
     llm = engine.make_llm(
         target,
-        {"method": "specextend", "model": str(draft), "num_speculative_tokens": MAX_DRAFTS},
+        {
+            "method": "specextend",
+            "model": str(draft),
+            "num_speculative_tokens": MAX_DRAFTS,
+            **({"draft_prefill_window": None} if args.draft_prefill_window == "none" else {}),
+        },
         args.length + args.max_tokens + 64,
         enforce_eager=not args.compiled,
     )
