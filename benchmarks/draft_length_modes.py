@@ -254,9 +254,11 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
         for mode, decodes in results["decodes"].items()
     }
     fastest_other = max(v for mode, v in medians.items() if mode != "auto")
-    alternatives = {"plain_vllm_attention", "draft_model_like"} <= medians.keys()
-    if alternatives:
-        faster = max(medians["plain_vllm_attention"], medians["draft_model_like"])
+    faster = (
+        max(medians["plain_vllm_attention"], medians["draft_model_like"])
+        if {"plain_vllm_attention", "draft_model_like"} <= medians.keys()
+        else None
+    )
     rows = {}
     for mode, decodes in results["decodes"].items():
         rates = [d["decode_tokens_per_s"] for d in decodes]
@@ -270,7 +272,7 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                 d.get("target_forward_ms") or 0.0 for d in decodes
             ),
         }
-        if alternatives:
+        if faster is not None:
             rows[mode]["vs_faster_alternative"] = medians[mode] / faster
             rows[mode]["vs_draft_model_like"] = medians[mode] / medians["draft_model_like"]
     return rows
