@@ -47,7 +47,6 @@ engine's first requests).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from specextend_vllm.algorithm.exploration import (
@@ -128,11 +127,7 @@ class BucketState:
             PLAIN_FIRST_EXPLORATION_PERIOD, PLAIN_EXPLORATION_PERIOD
         )
         self.drafting_exploration = Exploration()
-        # The longer length's step time may date from the bucket's first steps, slower
-        # than the later ones: a win over it, however clear, waits the first period.
-        self.longer_exploration = Exploration(
-            max_period=LONGER_EXPLORATION_PERIOD, clear_win=math.inf
-        )
+        self.longer_exploration = Exploration(max_period=LONGER_EXPLORATION_PERIOD)
 
     @property
     def prefers_drafting(self) -> bool:

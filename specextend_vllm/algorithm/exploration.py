@@ -143,8 +143,8 @@ class Exploration:
     >>> exploration.exploring
     True
 
-    A first choice that the first measurement confirms by a clear win (2x, over
-    `clear_win`) waits the longest period, as one made by a change would:
+    A first choice that the first measurement confirms by a clear win (2x) waits the longest
+    period, as one made by a change would:
 
     >>> exploration = Exploration()
     >>> exploration.count_step(preference_changed=False, win=2.0, steps_to_explore=2)
@@ -154,7 +154,6 @@ class Exploration:
 
     first_period: int = FIRST_EXPLORATION_PERIOD
     max_period: int = EXPLORATION_PERIOD
-    clear_win: float = CLEAR_WIN
     exploring_for: int = 0
     steps_since: int = 0
     period: int = dataclasses.field(init=False)
@@ -182,7 +181,7 @@ class Exploration:
         if choice_made:
             self.exploring_for = 0
             self.steps_since = 0
-            self.period = self.max_period if win > self.clear_win else self.first_period
+            self.period = self.max_period if win > CLEAR_WIN else self.first_period
             if win < NARROW_WIN:
                 self.period = min(self.period, NARROW_WIN_PERIOD)
         if preference_changed:

@@ -341,18 +341,3 @@ def test_a_length_measured_slow_at_first_is_measured_again() -> None:
     )
     settled = scheduled[100:]
     assert sum(drafts >= 2 for drafts in settled) >= 0.9 * len(settled)
-
-
-def test_a_longer_length_measured_slow_at_first_is_tried_again_soon() -> None:
-    """Each draft accepted with probability 0.85; K drafts take 0.22 s a step, but 0.44 s
-    in the engine's first steps; a plain step 0.13 s. K drafts give 14.5 tokens/s, K - 1
-    13.5. Kept at K - 1, the first steps' K-draft time made K look 1.9x slower, a clear
-    win that once set the longest period (128 steps) before K was drafted again."""
-    chooser = DraftLengthChooser(K, max_batch_size=1)
-    first_steps = iter([2.0] * MIN_DRAFTING_SAMPLES)
-    scheduled = run_steps(
-        chooser, 1, 160, drafting_s=0.22, plain_s=0.13,
-        tokens=expected_tokens(0.85, K), pause=lambda: next(first_steps, 1.0),
-    )
-    settled = scheduled[60:]
-    assert settled.count(K) >= 0.8 * len(settled)
