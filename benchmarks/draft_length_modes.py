@@ -12,6 +12,8 @@ The chooser keeps what it learned from one prompt to the next, as in the speed s
 on the method's reduced cache. `plain_vllm_attention` is `plain` with its steps' attention
 held on vLLM's decode kernel (`plain` takes the plugin's prefix kernel where
 `verification_attention: auto` measures it faster): no speculation's step.
+`auto_full_cache` is `auto` with the draft held on the full cache (`retrieval: never`
+within the engine): against `auto`, what `retrieval: auto` gains or loses.
 `draft_model_like` drafts 4 every step on the full cache, verified on vLLM's attention:
 `draft_model`'s algorithm in this engine (with the int8 draft, the draft's LM head is the
 plugin's int8 rows, where `draft_model` runs it as loaded, in fp32: its proposal costs
@@ -48,6 +50,7 @@ from benchmarks.genres import GENRES, genre_texts  # noqa: E402
 # Mode name -> drafts per step, None for the chooser's own.
 MODES: dict[str, int | None] = {
     "auto": None,
+    "auto_full_cache": None,
     "plain": 0,
     "plain_vllm_attention": 0,
     "fixed4": 4,
@@ -59,6 +62,7 @@ MODES: dict[str, int | None] = {
 # The choices a mode holds whatever `auto` measures (`held_choices`): plain decoding steps
 # and verifying ones on vLLM's attention, the draft on the full cache.
 HELD_CHOICES = {
+    "auto_full_cache": ("full_cache",),
     "plain_vllm_attention": ("vllm_decode_attention",),
     "draft_model_like": ("vllm_decode_attention", "vllm_verification_attention", "full_cache"),
 }

@@ -44,6 +44,10 @@ def source_commit(repository: Path = Path(__file__).parent.parent) -> str | None
     return f"{commit}+changes" if changes else commit
 
 
+# A commit made while a benchmark runs is not the code its engine imported.
+STARTED_AT_COMMIT = source_commit()
+
+
 def machine() -> dict[str, Any]:
     import torch
     import vllm
@@ -66,7 +70,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "vllm": vllm.__version__,
-        "commit": source_commit(),
+        "commit": STARTED_AT_COMMIT,
     }
 
 
