@@ -183,6 +183,28 @@ def decode_attention_state(worker: Any) -> dict[int, dict[str, float]]:
     }
 
 
+def retrieval_state(worker: Any) -> dict[str, dict[str, Any]]:
+    """`retrieval: auto`'s choices on one rank, per "bucket/drafts per step" measured both
+    ways: whether it prefers the reduced cache, each way's step time (ms, the median of its
+    recent steps), tokens per step and number of measured steps."""
+    chooser = worker.model_runner.drafter.planner.chooser
+    if chooser is None:
+        return {}
+    return {
+        f"{bucket}/{num_drafts}": {
+            "prefers_reduced": choice.prefers_second,
+            "full_ms": 1000 * choice.first.step_s.value,
+            "reduced_ms": 1000 * choice.second.step_s.value,
+            "full_tokens": choice.first.tokens_per_step.value,
+            "reduced_tokens": choice.second.tokens_per_step.value,
+            "full_steps": choice.first.samples,
+            "reduced_steps": choice.second.samples,
+        }
+        for (bucket, num_drafts), choice in sorted(chooser.choices.items())
+        if choice.first.samples and choice.second.samples
+    }
+
+
 def chooser_state(chooser: Any) -> dict[str, Any]:
     """What the chooser holds: for a request alone, the length it keeps (0: no drafts),
     each measured length's step time (the median of its recent steps, ms) and number of
@@ -202,7 +224,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
     """The prompt's prefill and one decode in `auto`, then `args.rounds` rounds of every
     mode; each decode's tokens/s, drafts and accepted drafts per step, draft steps on the
     reduced cache (the rest drafted on the full one: `retrieval: auto` chooses as usual)
-    and the chooser's state after it."""
+    and the two choosers' state after it."""
     from specextend_vllm import step_timings
 
     chooser = draft_length_chooser(llm)
@@ -235,6 +257,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                     "mean_acceptance_length": request.mean_acceptance_length,
                     "same_output_as_first": request.tokens == first.tokens,
                     "chooser_after": chooser_state(chooser),
+                    "retrieval_after": llm.collective_rpc(retrieval_state)[0],
                 }
             )
     return {
