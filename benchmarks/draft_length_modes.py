@@ -186,23 +186,26 @@ def decode_attention_state(worker: Any) -> dict[int, dict[str, float]]:
 def retrieval_state(worker: Any) -> dict[str, dict[str, Any]]:
     """`retrieval: auto`'s choices on one rank, per "bucket/drafts per step" measured both
     ways: whether it prefers the reduced cache, each way's step time (ms, the median of its
-    recent steps), tokens per step and number of measured steps."""
+    recent steps), tokens per step as the comparison reads them (from the bucket's steps of
+    any number of drafts) and number of measured steps."""
     chooser = worker.model_runner.drafter.planner.chooser
     if chooser is None:
         return {}
-    return {
-        f"{bucket}/{num_drafts}": {
+    state = {}
+    for (bucket, num_drafts), choice in sorted(chooser.choices.items()):
+        if not (choice.first.samples and choice.second.samples):
+            continue
+        full_tokens, reduced_tokens = choice.tokens_measurements()
+        state[f"{bucket}/{num_drafts}"] = {
             "prefers_reduced": choice.prefers_second,
             "full_ms": 1000 * choice.first.step_s.value,
             "reduced_ms": 1000 * choice.second.step_s.value,
-            "full_tokens": choice.first.tokens_per_step.value,
-            "reduced_tokens": choice.second.tokens_per_step.value,
+            "full_tokens": full_tokens.value,
+            "reduced_tokens": reduced_tokens.value,
             "full_steps": choice.first.samples,
             "reduced_steps": choice.second.samples,
         }
-        for (bucket, num_drafts), choice in sorted(chooser.choices.items())
-        if choice.first.samples and choice.second.samples
-    }
+    return state
 
 
 def chooser_state(chooser: Any) -> dict[str, Any]:

@@ -14,14 +14,14 @@ a length not measured yet is interpolated between the measured ones. Acceptance 
 the requests, not the batch size: a length's tokens follow, for all buckets, from the
 share of requests accepting the i-th draft among those that accepted the drafts before it,
 p_i, each a moving average over recent steps that drafted i or more,
-`tokens(j) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_j`. A depth not drafted yet takes the
-deepest measured one's p. Shorter chains' tokens are then what the same steps gave: one
-rate for all drafts put them up to 10% off in 8K runs, as far off as lengths differ by,
-and undervalues drafts that follow accepted ones where whole chains are accepted
-together. A chain of k drafts that narrowly loses to plain decoding often wins with
-fewer: the first drafts are the likeliest accepted, the last ones cost as much and pay
-least. (Trees are drafted whole or not at all, j is 0 or k, and a tree's tokens per step
-are taken as measured: they do not follow a chain's.)
+`tokens(j) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_j` (`algorithm.draft_acceptance`). A
+depth not drafted yet takes the deepest measured one's p. Shorter chains' tokens are
+then what the same steps gave: one rate for all drafts put them up to 10% off in 8K
+runs, as far off as lengths differ by, and undervalues drafts that follow accepted ones
+where whole chains are accepted together. A chain of k drafts that narrowly loses to
+plain decoding often wins with fewer: the first drafts are the likeliest accepted, the
+last ones cost as much and pay least. (Trees are drafted whole or not at all, j is 0 or
+k, and a tree's tokens per step are taken as measured: they do not follow a chain's.)
 
 Each bucket measures k drafts first (8 steps, or 3 once acceptance is measured), then
 none, then keeps the best length and tries drafting or not drafting, whichever it left,
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from specextend_vllm.algorithm.draft_acceptance import DraftAcceptance
 from specextend_vllm.algorithm.exploration import (
     Exploration,
     MovingAverage,
@@ -98,21 +99,6 @@ def batch_size_bucket(batch_size: int) -> int:
     [0, 1, 1, 2, 2, 3, 8]
     """
     return max(batch_size, 1).bit_length() - 1
-
-
-def chain_tokens(draft_acceptance: Sequence[float]) -> float:
-    """Tokens a step of a chain of drafts gives (1 + accepted drafts) when its i-th draft
-    is accepted with probability `draft_acceptance[i]` once those before it were:
-    1 + p_1 + p_1 p_2 + ... + p_1 ... p_j.
-
-    >>> chain_tokens([0.5, 0.5, 0.5]), chain_tokens([0.5, 1.0, 1.0]), chain_tokens([])
-    (1.875, 2.5, 1.0)
-    """
-    tokens, accepting = 1.0, 1.0
-    for rate in draft_acceptance:
-        accepting *= rate
-        tokens += accepting
-    return tokens
 
 
 class BucketState:
@@ -229,9 +215,7 @@ class DraftLengthChooser:
             BucketState(num_speculative_tokens) for _ in range(batch_size_bucket(max_batch_size) + 1)
         ]
         self.accepted_drafts = MovingAverage(TOKENS_SMOOTHING)
-        self.draft_acceptance = [
-            MovingAverage(TOKENS_SMOOTHING) for _ in range(num_speculative_tokens)
-        ]
+        self.draft_acceptance = DraftAcceptance(num_speculative_tokens, TOKENS_SMOOTHING)
         self.lookup = [num_speculative_tokens] * (max_batch_size + 1)
 
     def record_step(
@@ -335,27 +319,18 @@ class DraftLengthChooser:
         >>> chooser.draft_acceptance_rates()
         [0.75, 0.75, 0.75, 0.75]
         """
-        rates: list[float] = []
-        for acceptance in self.draft_acceptance:
-            rates.append(acceptance.value if acceptance.samples else (rates[-1] if rates else 0.0))
-        return rates
+        return self.draft_acceptance.rates()
 
     def _record_acceptance(self, accepted_shares: Sequence[float]) -> None:
         self.accepted_drafts.add(sum(accepted_shares))
-        reaching = 1.0
-        for acceptance, accepting in zip(self.draft_acceptance, accepted_shares):
-            if not reaching:
-                break
-            acceptance.add(accepting / reaching)
-            reaching = accepting
+        self.draft_acceptance.add(accepted_shares)
 
     def _tokens_per_length(self) -> dict[int, float]:
         """Each drafting length's tokens per step: a chain's from each draft's acceptance;
         a tree's (one size, whose tokens do not follow a chain's) as measured."""
         if len(self.drafting_lengths) == 1:
             return {self.max_drafts: 1.0 + self.accepted_drafts.value}
-        acceptance = self.draft_acceptance_rates()
-        return {j: chain_tokens(acceptance[:j]) for j in self.drafting_lengths}
+        return {j: self.draft_acceptance.tokens(j) for j in self.drafting_lengths}
 
     def _update_choice(
         self, bucket: BucketState, tokens: dict[int, float], rates: dict[int, float]

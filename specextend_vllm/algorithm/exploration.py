@@ -15,6 +15,8 @@ import collections
 import dataclasses
 import math
 import statistics
+from collections.abc import Callable
+from typing import Protocol
 
 # After a choice is made, the other one is measured again for a few steps after a first
 # period of steps, then after twice as many each time the choice holds, up to a longest
@@ -225,7 +227,19 @@ class RecentMedian:
         return statistics.median_low(self._recent)
 
 
-def tokens_beyond_noise(first: MovingAverage, second: MovingAverage) -> tuple[float, float]:
+class TokensMeasurement(Protocol):
+    """Tokens per step as measured, and how far that may be from the true mean."""
+
+    @property
+    def value(self) -> float: ...
+
+    @property
+    def standard_error(self) -> float: ...
+
+
+def tokens_beyond_noise(
+    first: TokensMeasurement, second: TokensMeasurement
+) -> tuple[float, float]:
     """Two ways' tokens per step, as far apart as their measurements show: the difference
     of the means less TOKENS_NOISE_STANDARD_ERRORS standard errors of it, split around
     their middle. Tokens per step vary from 1 to k + 1 from one step to the next and with
@@ -305,11 +319,20 @@ class TwoWayChoice:
     [0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1]
     >>> run(TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 2, 0.5), starts_second=True))
     [1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1]
+
+    Where the ways' tokens per step are measured over more steps than this choice's own
+    (`pooled_tokens`: the first way's, the second's), the comparison reads those.
     """
 
-    def __init__(self, schedule: TwoWaySchedule, starts_second: bool = False):
+    def __init__(
+        self,
+        schedule: TwoWaySchedule,
+        starts_second: bool = False,
+        pooled_tokens: Callable[[], tuple[TokensMeasurement, TokensMeasurement]] | None = None,
+    ):
         self.schedule = schedule
         self.starts_second = starts_second
+        self.pooled_tokens = pooled_tokens
         self.first = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
         self.second = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
         self.prefers_second = False
@@ -331,6 +354,12 @@ class TwoWayChoice:
             return (turn % 2 == 1) != self.starts_second
         return self.prefers_second != self.exploration.exploring
 
+    def tokens_measurements(self) -> tuple[TokensMeasurement, TokensMeasurement]:
+        """The first way's tokens per step and the second's, as the comparison reads them."""
+        if self.pooled_tokens is not None:
+            return self.pooled_tokens()
+        return self.first.tokens_per_step, self.second.tokens_per_step
+
     def record(self, second: bool, step_seconds: float, tokens_per_step: float) -> None:
         """One step run the `second` way (or the first) took `step_seconds` and gave
         `tokens_per_step` tokens per request."""
@@ -338,9 +367,7 @@ class TwoWayChoice:
         if not self.measured():
             return
         preferred = self.prefers_second
-        first_tokens, second_tokens = tokens_beyond_noise(
-            self.first.tokens_per_step, self.second.tokens_per_step
-        )
+        first_tokens, second_tokens = tokens_beyond_noise(*self.tokens_measurements())
         second_rate = second_tokens / self.second.step_s.value
         first_rate = first_tokens / self.first.step_s.value
         self.prefers_second = keeps_preference(preferred, second_rate, first_rate)

@@ -12,32 +12,43 @@ verification of what they drafted); the choice with more tokens per second is ke
     tokens_per_step(reduced) / step_seconds(reduced)  vs  tokens_per_step(full) / step_seconds(full).
 
 Both sides are measured per bucket of context lengths (`activation_length` to twice it,
-then to four times it, ...) and number of drafts per step: each measures the full cache
-(what `draft_model` does) and the reduced one in turns of 4 steps, 8 steps each, keeps the
-faster and re-explores the other as `algorithm.exploration` schedules. A batch follows the
-choice of the bucket holding most of its context tokens (the requests long enough to be
-reduced all draft the same way), and its step is measured for that bucket, so batches that
-mix lengths measure too.
+then to four times it, ...). Step times are measured per number of drafts per step too:
+each measures the full cache (what `draft_model` does) and the reduced one in turns of 4
+steps, 8 steps each, keeps the faster and re-explores the other as `algorithm.exploration`
+schedules. A batch follows the choice of the bucket holding most of its context tokens
+(the requests long enough to be reduced all draft the same way), and its step is measured
+for that bucket, so batches that mix lengths measure too.
 
-The number of drafts is part of the key because `drafting: auto` changes it from one
-step to the next (it keeps one length and explores one more for a few steps now and
-then): a way's step time is the median of its last 8 steps and its tokens a long
-average, so steps of two lengths mixed in one way made the way that ran a longer
-exploration look slower by the longer steps' time, with hardly more tokens. A new
-length's measuring turns start with the way the bucket's most measured length prefers.
+The number of drafts is part of a step time's key because `drafting: auto` changes it
+from one step to the next (it keeps one length and explores one more for a few steps now
+and then): a way's step time is the median of its last 8 steps, so steps of two lengths
+mixed in one way made the way that ran a longer exploration look slower by the longer
+steps' time. A new length's measuring turns start with the way the bucket's most measured
+length prefers.
+
+Tokens per step are not: each way's acceptance of the i-th draft is measured over the
+bucket's steps of any number of drafts (`algorithm.draft_acceptance`), and a number of
+drafts' tokens follow from it. At 4K fiction, with tokens measured per number of drafts,
+steps of 2 drafts kept the reduced cache on a 4% win in step time (1.79 tokens against
+1.85, 137 steps) while steps of 1 draft in the same bucket, measured apart, had the first
+draft accepted at 0.55 on the reduced cache against 0.83 on the full one; decodes held on
+the full cache ran 1.06-1.23x faster.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from specextend_vllm.algorithm.draft_acceptance import DraftAcceptance, TokensEstimate
 from specextend_vllm.algorithm.exploration import TwoWayChoice, TwoWaySchedule
 
 # Buckets of context lengths from activation_length up; longer contexts share the last.
 NUM_LENGTH_BUCKETS = 8
 # A way's step time: the median of its last 8 steps (two selections' worth).
 STEP_WINDOW = 8
-# Tokens per step vary from 1 to k + 1 from one step to the next, and the two choices'
+# Each draft is accepted or not from one step to the next, and the two choices'
 # acceptance is often within 10% of each other: a long average.
 TOKENS_SMOOTHING = 0.02
 # Steps measured with each choice before comparing them, and per exploration.
@@ -83,27 +94,32 @@ class RetrievalChooser:
     drafting on the reduced cache and on the full one. `reduces` reads the choice for a
     batch's bucket; `record_step` feeds one measured step.
 
-    At 3K a reduced step of 4 drafts takes 0.50 s for 2.4 tokens, a full one 0.52 s for
-    2.6: the full cache wins (5.0 tokens/s against 4.8). At 12K: 0.55 s for 2.4 against
-    0.80 s for 2.5, the reduced one wins (4.4 against 3.1); steps of 3 drafts there start
+    At 3K a reduced step of 4 drafts takes 0.50 s, a full one 0.52 s; each draft is
+    accepted at 0.6 on the reduced cache (2.3 tokens a step), 0.7 on the full one (2.8):
+    the full cache wins (5.4 tokens/s against 4.6). At 12K: 0.55 s against 0.80 s, the
+    reduced one wins (4.2 against 3.5, tokens as at 3K); steps of 3 drafts there start
     measuring on the reduced cache:
 
-    >>> chooser = RetrievalChooser(activation_length=2048)
-    >>> for reduced, seconds_3k, tokens_3k, seconds_12k, tokens_12k in (
-    ...     (False, 0.52, 2.6, 0.80, 2.5), (True, 0.50, 2.4, 0.55, 2.4)
+    >>> chooser = RetrievalChooser(activation_length=2048, max_drafts=4)
+    >>> for reduced, seconds_3k, seconds_12k, acceptance in (
+    ...     (False, 0.52, 0.80, 0.7), (True, 0.50, 0.55, 0.6)
     ... ):
+    ...     shares = [acceptance**depth for depth in range(1, 5)]
     ...     for _ in range(MIN_SAMPLES):
-    ...         chooser.record_step(0, 4, reduced, seconds_3k, tokens_3k)
-    ...         chooser.record_step(2, 4, reduced, seconds_12k, tokens_12k)
+    ...         chooser.record_step(0, 4, reduced, seconds_3k, shares)
+    ...         chooser.record_step(2, 4, reduced, seconds_12k, shares)
     >>> chooser.reduces(0, 4), chooser.reduces(2, 4), chooser.reduces(2, 3)
     (False, True, True)
     """
 
-    def __init__(self, activation_length: int):
+    def __init__(self, activation_length: int, max_drafts: int):
         self.activation_length = activation_length
+        self.max_drafts = max_drafts
         # Per (bucket, drafts per step): the full cache (the first way) against the reduced
         # one (the second).
         self.choices: dict[tuple[int, int], TwoWayChoice] = {}
+        # Per bucket: each way's acceptance of each draft, the full cache's first.
+        self.acceptance: dict[int, tuple[DraftAcceptance, DraftAcceptance]] = {}
 
     def choice(self, bucket_index: int, num_drafts: int) -> TwoWayChoice:
         """The choice for steps of `num_drafts` drafts in bucket `bucket_index`; a new one
@@ -121,16 +137,37 @@ class RetrievalChooser:
                 default=None,
             )
             starts_reduced = most_measured is not None and most_measured.prefers_second
-            self.choices[key] = TwoWayChoice(SCHEDULE, starts_second=starts_reduced)
+            self.choices[key] = TwoWayChoice(
+                SCHEDULE,
+                starts_second=starts_reduced,
+                pooled_tokens=lambda: self.tokens_estimates(bucket_index, num_drafts),
+            )
         return self.choices[key]
+
+    def bucket_acceptance(self, bucket_index: int) -> tuple[DraftAcceptance, DraftAcceptance]:
+        """The bucket's acceptance of each draft on the full cache and on the reduced one."""
+        if bucket_index not in self.acceptance:
+            self.acceptance[bucket_index] = (
+                DraftAcceptance(self.max_drafts, TOKENS_SMOOTHING),
+                DraftAcceptance(self.max_drafts, TOKENS_SMOOTHING),
+            )
+        return self.acceptance[bucket_index]
+
+    def tokens_estimates(
+        self, bucket_index: int, num_drafts: int
+    ) -> tuple[TokensEstimate, TokensEstimate]:
+        """Tokens per step of `num_drafts` drafts on the full cache and on the reduced one,
+        from the bucket's steps of any number of drafts."""
+        full, reduced = self.bucket_acceptance(bucket_index)
+        return full.tokens_estimate(num_drafts), reduced.tokens_estimate(num_drafts)
 
     def batch_bucket(self, context_lens: torch.Tensor) -> int:
         """[R] context lengths -> the bucket holding most of the context tokens of the
         requests long enough to be reduced; -1 where none is.
 
-        >>> RetrievalChooser(2048).batch_bucket(torch.tensor([1000, 3000, 3500, 5000]))
+        >>> RetrievalChooser(2048, 4).batch_bucket(torch.tensor([1000, 3000, 3500, 5000]))
         0
-        >>> RetrievalChooser(2048).batch_bucket(torch.tensor([1000, 2047]))
+        >>> RetrievalChooser(2048, 4).batch_bucket(torch.tensor([1000, 2047]))
         -1
         """
         buckets = length_buckets(context_lens, self.activation_length)
@@ -151,10 +188,13 @@ class RetrievalChooser:
         num_drafts: int,
         reduced: bool,
         step_seconds: float,
-        tokens_per_step: float,
+        accepted_shares: Sequence[float],
     ) -> None:
         """One decoding step of `num_drafts` drafts of a batch whose bucket is
         `bucket_index`, whose requests drafted on the reduced cache (or all on the full
-        one), then verified: it took `step_seconds` and gave each request
-        `tokens_per_step` tokens on average."""
-        self.choice(bucket_index, num_drafts).record(reduced, step_seconds, tokens_per_step)
+        one), then verified: it took `step_seconds`, and a share `accepted_shares[i]` of
+        its requests accepted i + 1 drafts or more."""
+        self.bucket_acceptance(bucket_index)[int(reduced)].add(accepted_shares)
+        self.choice(bucket_index, num_drafts).record(
+            reduced, step_seconds, 1.0 + sum(accepted_shares)
+        )

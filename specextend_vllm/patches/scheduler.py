@@ -16,6 +16,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from specextend_vllm.algorithm.answer_length import AnswerLengths
 from specextend_vllm.algorithm.block_twins import BlockTwins
+from specextend_vllm.algorithm.draft_acceptance import accepted_shares
 from specextend_vllm.algorithm.draft_length import DraftLengthChooser
 from specextend_vllm.algorithm.prompt_work import MIN_BATCH_SIZE, PromptWork, drafting_repays
 from specextend_vllm.patches.base import VllmDataclassField, VllmPatch
@@ -280,21 +281,5 @@ def decoding_step(
     if not verified_drafts or len(sampled) != batch_size:
         return DecodingStep(batch_size, verified_drafts, None)
     sampled_counts = np.fromiter(map(len, sampled), dtype=np.int64, count=batch_size)
-    shares = accepted_shares(sampled_counts, verified_drafts)
+    shares = accepted_shares(sampled_counts - 1, verified_drafts)
     return DecodingStep(batch_size, verified_drafts, shares)
-
-
-def accepted_shares(sampled_counts: np.ndarray, verified_drafts: int) -> tuple[float, ...]:
-    """The share of requests that accepted 1, 2, ... `verified_drafts` drafts or more, from
-    the tokens each request sampled (1 + accepted drafts; a request whose tokens were
-    discarded sampled none and counts as accepting none).
-
-    >>> accepted_shares(np.array([1, 3, 3, 5]), verified_drafts=4)
-    (0.75, 0.75, 0.25, 0.25)
-    >>> accepted_shares(np.array([0, 2]), verified_drafts=2)
-    (0.5, 0.0)
-    """
-    accepted = np.clip(sampled_counts - 1, 0, verified_drafts)
-    accepted = np.bincount(accepted, minlength=verified_drafts + 1)
-    at_least = np.cumsum(accepted[::-1])[::-1]
-    return tuple((at_least[1 : verified_drafts + 1] / len(sampled_counts)).tolist())

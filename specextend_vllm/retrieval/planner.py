@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from specextend_vllm.algorithm.draft_acceptance import accepted_shares
 from specextend_vllm.algorithm.draft_step import DraftStep
 from specextend_vllm.algorithm.positions import WorkingCopies
 from specextend_vllm.algorithm.retrieval_choice import RetrievalChooser
@@ -109,7 +110,7 @@ class RetrievalPlanner:
     def _new_chooser(self) -> RetrievalChooser | None:
         if self.config.retrieval != "auto":
             return None
-        return RetrievalChooser(self.config.activation_length)
+        return RetrievalChooser(self.config.activation_length, self.max_drafts)
 
     def reconfigure(self, config: SpecExtendConfig, copies: WorkingCopies) -> None:
         """Every request selects its chunks afresh at its next step."""
@@ -182,13 +183,12 @@ class RetrievalPlanner:
         seconds = torch.tensor([now_s - measured.started_s], dtype=torch.float32)
         if self.mean_over_ranks is not None:
             seconds = self.mean_over_ranks(seconds.to(self.device)).cpu()
-        tokens_per_step = 1 + step.accepted_drafts.double().mean().item()
         self.chooser.record_step(
             measured.length_bucket,
             measured.num_drafts,
             measured.reduced,
             seconds.item(),
-            tokens_per_step,
+            accepted_shares(step.accepted_drafts.cpu().numpy(), measured.num_drafts),
         )
 
     def _measurable(

@@ -171,7 +171,7 @@ def test_held_choices_pin_the_choosers_and_give_them_back() -> None:
     verification = SimpleNamespace(
         decoding_chooser=VerificationChooser(), verifying_chooser=VerificationChooser()
     )
-    planner = SimpleNamespace(chooser=RetrievalChooser(activation_length=1024))
+    planner = SimpleNamespace(chooser=RetrievalChooser(activation_length=1024, max_drafts=4))
     drafter = SimpleNamespace(verification=verification, planner=planner)
     worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=drafter))
     choosers = [verification.decoding_chooser, verification.verifying_chooser, planner.chooser]
@@ -284,25 +284,26 @@ def test_saved_runs_name_the_commit_of_the_code_they_ran(tmp_path: Path) -> None
 def test_the_retrieval_state_is_each_measured_choice_both_ways() -> None:
     """`benchmarks.draft_length_modes` saves `retrieval: auto`'s state after each decode:
     per bucket and number of drafts measured both ways, the preferred way, each way's step
-    time, tokens per step and measured steps; a choice measured one way only is left out."""
+    time, tokens per step (from steps of any number of drafts) and measured steps; a choice
+    measured one way only is left out."""
     from types import SimpleNamespace
 
     from benchmarks.draft_length_modes import retrieval_state
     from specextend_vllm.algorithm.retrieval_choice import MIN_SAMPLES, RetrievalChooser
 
-    chooser = RetrievalChooser(activation_length=2048)
+    chooser = RetrievalChooser(activation_length=2048, max_drafts=4)
     for _ in range(MIN_SAMPLES):
-        chooser.record_step(1, 4, False, 0.6, 2.0)
-        chooser.record_step(1, 4, True, 0.4, 2.0)
-    chooser.record_step(1, 3, False, 0.5, 2.0)
+        chooser.record_step(1, 4, False, 0.6, [1.0, 1.0, 0.0, 0.0])
+        chooser.record_step(1, 4, True, 0.3, [1.0, 0.0, 0.0, 0.0])
+    chooser.record_step(1, 3, False, 0.5, [1.0, 1.0, 0.0])
     planner = SimpleNamespace(chooser=chooser)
     worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace(planner=planner)))
     assert retrieval_state(worker) == {
         "1/4": {
             "prefers_reduced": True,
             "full_ms": 600.0,
-            "reduced_ms": 400.0,
-            "full_tokens": 2.0,
+            "reduced_ms": 300.0,
+            "full_tokens": 3.0,
             "reduced_tokens": 2.0,
             "full_steps": MIN_SAMPLES,
             "reduced_steps": MIN_SAMPLES,

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from specextend_vllm.algorithm.draft_acceptance import chain_tokens
 from specextend_vllm.algorithm.draft_length import (
     MIN_DRAFTING_SAMPLES,
     MIN_PLAIN_SAMPLES,
     PLAIN_EXPLORATION_PERIOD,
     PLAIN_FIRST_EXPLORATION_PERIOD,
     DraftLengthChooser,
-    chain_tokens,
 )
 from specextend_vllm.algorithm.exploration import (
     EXPLORATION_BUDGET,

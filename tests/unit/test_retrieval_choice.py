@@ -23,7 +23,14 @@ PAUSE = 20
 
 
 def new_chooser() -> RetrievalChooser:
-    return RetrievalChooser(ACTIVATION_LENGTH)
+    return RetrievalChooser(ACTIVATION_LENGTH, max_drafts=K)
+
+
+def shares(tokens: float, num_drafts: int = K) -> list[float]:
+    """A step's accepted shares giving `tokens` tokens: whole drafts accepted by all, then
+    the fraction by a share (a batch where some requests accepted one more)."""
+    accepted = tokens - 1
+    return [min(max(accepted - depth, 0.0), 1.0) for depth in range(num_drafts)]
 
 
 def run_steps(
@@ -48,7 +55,7 @@ def run_steps(
         if pause_every and index % pause_every == pause_every - 1:
             seconds *= PAUSE
         tokens = rng.randint(1, round(2 * mean_tokens - 1))
-        chooser.record_step(bucket, K, reduces, seconds, tokens)
+        chooser.record_step(bucket, K, reduces, seconds, shares(tokens))
         choices.append(reduces)
     return choices
 
@@ -173,7 +180,7 @@ def test_steps_of_another_draft_count_do_not_turn_the_choice() -> None:
             if num_drafts == 4:
                 seconds, mean_tokens = 1.25 * seconds, 1.1 * mean_tokens
             tokens = rng.uniform(1, 2 * mean_tokens - 1)
-            chooser.record_step(bucket, num_drafts, reduces, seconds, tokens)
+            chooser.record_step(bucket, num_drafts, reduces, seconds, shares(tokens, num_drafts))
             if num_drafts == 3 and index >= 80:
                 choices.append(reduces)
         kept_reduced.append(choices.count(True) / len(choices))
