@@ -123,8 +123,8 @@ def test_texts_that_change_between_requests_do_not_hold_the_slower_cache() -> No
     (2.0, 3.5, 1.8 and 3.0 tokens a step), the same on either cache; the full cache's steps
     take 1.2x as long. A way measured on one text and the other on the next differ in
     tokens by the texts, not by the ways; 30 seeds. Seen: at most 32 of the 300 steps on
-    the full cache (its measuring and explorations) in 29 seeds, 71 in one. With tokens per
-    step compared as measured, noise and all: 137 in the 90th percentile, 197 at most."""
+    the full cache (its measuring and explorations) in 29 seeds, 72 in one. With tokens per
+    step compared as measured, noise and all: 140 in the 90th percentile, 194 at most."""
     full_steps = []
     for seed in range(30):
         chooser = new_chooser()
