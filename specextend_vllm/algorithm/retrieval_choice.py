@@ -30,9 +30,9 @@ Tokens per step are not: each way's acceptance of the i-th draft is measured ove
 bucket's steps of any number of drafts (`algorithm.draft_acceptance`), and a number of
 drafts' tokens follow from it. At 4K fiction, with tokens measured per number of drafts,
 steps of 2 drafts kept the reduced cache on a 4% win in step time (1.79 tokens against
-1.85, 137 steps) while steps of 1 draft in the same bucket, measured apart, had the first
-draft accepted at 0.55 on the reduced cache against 0.83 on the full one; decodes held on
-the full cache ran 1.06-1.23x faster.
+1.85, 137 steps) while steps of 1 draft in the same bucket (most of them on the essay
+decoded before) had the first draft accepted at 0.55 on the reduced cache against 0.83 on
+the full one; decodes held on the full cache ran 1.06-1.23x faster.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class RetrievalChooser:
 
     At 3K a reduced step of 4 drafts takes 0.50 s, a full one 0.52 s; each draft is
     accepted at 0.6 on the reduced cache (2.3 tokens a step), 0.7 on the full one (2.8):
-    the full cache wins (5.4 tokens/s against 4.6). At 12K: 0.55 s against 0.80 s, the
+    the full cache wins (5.3 tokens/s against 4.6). At 12K: 0.55 s against 0.80 s, the
     reduced one wins (4.2 against 3.5, tokens as at 3K); steps of 3 drafts there start
     measuring on the reduced cache:
 
