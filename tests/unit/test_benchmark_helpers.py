@@ -315,15 +315,20 @@ def test_the_retrieval_state_is_each_measured_choice_both_ways() -> None:
 
 def test_the_retrieval_simulation_scores_steps_against_the_better_cache() -> None:
     """`benchmarks.retrieval_choice_simulation`: where the two caches draft alike and take
-    the same time, every step is on the better one (1.0); where the reduced cache is twice
-    as fast, the chooser keeps it but for its measuring and explorations of the full one."""
+    the same time, every step counts as on the better one (1.0); where the reduced cache
+    takes half the time or twice the time, the chooser spends most steps on the faster one
+    and the score does not depend on which it is. Seen: 0.77 both ways, 0.70 of the steps on
+    the faster cache in 99 steps, each number of drafts (1 to 4) measuring both ways."""
     from benchmarks.retrieval_choice_simulation import Text, replay
     from specextend_vllm.algorithm.retrieval_choice import RetrievalChooser
 
-    same = Text("same", 0.7, 0.7, 1.0)
-    faster = Text("reduced twice as fast", 0.7, 0.7, 0.5)
-    chooser = RetrievalChooser(activation_length=2048, max_drafts=4)
-    same_run, faster_run = replay(chooser, (same, faster), seed=0, decodes=3, steps=33)
-    assert same_run["of_better_cache"] == pytest.approx(1.0)
-    assert faster_run["reduced_share"] >= 0.8
-    assert 0.9 <= faster_run["of_better_cache"] < 1.0
+    def run(time_ratio: float) -> dict[str, float]:
+        text = Text("text", 0.7, 0.7, time_ratio)
+        chooser = RetrievalChooser(activation_length=2048, max_drafts=4)
+        return replay(chooser, (text,), seed=0, decodes=3, steps=33)[0]
+
+    same, faster, slower = run(1.0), run(0.5), run(2.0)
+    assert same["of_better_cache"] == pytest.approx(1.0)
+    assert faster["reduced_share"] > 0.5 > slower["reduced_share"]
+    assert faster["of_better_cache"] < 1.0
+    assert faster["of_better_cache"] == pytest.approx(slower["of_better_cache"], abs=0.05)
