@@ -184,26 +184,27 @@ def decode_attention_state(worker: Any) -> dict[int, dict[str, float]]:
 
 
 def retrieval_state(worker: Any) -> dict[str, dict[str, Any]]:
-    """`retrieval: auto`'s choices on one rank, per "bucket/drafts per step" measured both
-    ways: whether it prefers the reduced cache, each way's step time (ms, the median of its
-    recent steps), tokens per step as the comparison reads them (from the bucket's steps of
-    any number of drafts) and number of measured steps."""
+    """`retrieval: auto`'s choices on one rank, per bucket measured both ways: per number of
+    drafts compared, whether it prefers the reduced cache and each way's tokens per step as
+    the comparison reads them (from steps of any number of drafts); per number of drafts
+    measured both ways around a switch, the reduced cache's step time over the full one's;
+    each way's measured steps."""
     chooser = worker.model_runner.drafter.planner.chooser
     if chooser is None:
         return {}
     state = {}
-    for (bucket, num_drafts), choice in sorted(chooser.choices.items()):
-        if not (choice.first.samples and choice.second.samples):
+    for bucket_index, bucket in sorted(chooser.buckets.items()):
+        if not min(bucket.steps):
             continue
-        full_tokens, reduced_tokens = choice.tokens_measurements()
-        state[f"{bucket}/{num_drafts}"] = {
-            "prefers_reduced": choice.prefers_second,
-            "full_ms": 1000 * choice.first.step_s.value,
-            "reduced_ms": 1000 * choice.second.step_s.value,
-            "full_tokens": full_tokens.value,
-            "reduced_tokens": reduced_tokens.value,
-            "full_steps": choice.first.samples,
-            "reduced_steps": choice.second.samples,
+        compared = sorted(bucket.prefers_reduced)
+        tokens = {num_drafts: bucket.tokens_estimates(num_drafts) for num_drafts in compared}
+        state[str(bucket_index)] = {
+            "prefers_reduced": {count: bucket.prefers_reduced[count] for count in compared},
+            "reduced_over_full_time": bucket.time_ratio.ratios(),
+            "full_tokens": {count: full.value for count, (full, _) in tokens.items()},
+            "reduced_tokens": {count: reduced.value for count, (_, reduced) in tokens.items()},
+            "full_steps": bucket.steps[0],
+            "reduced_steps": bucket.steps[1],
         }
     return state
 

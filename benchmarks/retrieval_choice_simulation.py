@@ -7,18 +7,18 @@ workload is a sequence of texts in one bucket of context lengths; each text is d
 `--decodes` times in a row, `--steps` steps each. Each draft is accepted with the text's
 probability on the full cache and on the reduced one once those before it were; a step of
 j drafts takes `1 + 0.2 j` plain steps on the full cache and `time_ratio` times that on
-the reduced one, with a 5% noise. The number of drafts changes as `drafting: auto` changes
-it: 1 to 4, each held for 4 to 10 steps, then one more or one fewer.
+the reduced one, with a 5% noise, and each decode's steps take a factor from
+`1 - drift` to `1 + drift` of that (texts of different lengths in one bucket, the machine
+busier or not). The number of drafts changes as `drafting: auto` changes it: 1 to 4,
+each held for 4 to 10 steps, then one more or one fewer.
 
 Printed and saved (`benchmarks/results/<output>.json`): per workload and text, the
 chooser's expected tokens per second over always drafting on the better cache for each
 step's number of drafts (1.0: never a step on the worse one), median and 10th percentile
-over seeds, and the share of steps on the reduced cache; for the chooser as it is
-(`pooled`: each draft's acceptance measured over steps of any number of drafts) and as it
-was (`per_count`: tokens per step measured per number of drafts).
+over seeds, and the share of steps on the reduced cache.
 
     python -m benchmarks.retrieval_choice_simulation [--seeds 40] [--decodes 3]
-        [--steps 33] [--output retrieval_choice_simulation]
+        [--steps 33] [--drift 0.1] [--output retrieval_choice_simulation]
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 
 from benchmarks import engine
 from specextend_vllm.algorithm.draft_acceptance import chain_tokens
-from specextend_vllm.algorithm.exploration import TwoWayChoice
 from specextend_vllm.algorithm.retrieval_choice import RetrievalChooser
 
 ACTIVATION_LENGTH = 2048
@@ -65,18 +64,6 @@ WORKLOADS = {
 }
 
 
-class PerCountTokensChooser(RetrievalChooser):
-    """The chooser reading tokens per step measured per number of drafts."""
-
-    def choice(self, bucket_index: int, num_drafts: int) -> TwoWayChoice:
-        choice = super().choice(bucket_index, num_drafts)
-        choice.pooled_tokens = None
-        return choice
-
-
-CHOOSERS = {"pooled": RetrievalChooser, "per_count": PerCountTokensChooser}
-
-
 def drafting_lengths(rng: random.Random, steps: int) -> list[int]:
     """Numbers of drafts per step: each held 4 to 10 steps, then one more or one fewer."""
     lengths: list[int] = []
@@ -98,7 +85,12 @@ def expected_rate(text: Text, reduced: bool, num_drafts: int) -> float:
 
 
 def replay(
-    chooser: RetrievalChooser, texts: tuple[Text, ...], seed: int, decodes: int, steps: int
+    chooser: RetrievalChooser,
+    texts: tuple[Text, ...],
+    seed: int,
+    decodes: int,
+    steps: int,
+    drift: float = 0.0,
 ) -> list[dict[str, float]]:
     """Per text: the chooser's expected tokens per second over the better cache's, and its
     share of steps on the reduced cache."""
@@ -107,14 +99,15 @@ def replay(
     for text in texts:
         tokens = seconds = best_tokens = best_seconds = 0.0
         reduced_steps = 0
-        for num_drafts in drafting_lengths(rng, decodes * steps):
+        speeds = [1.0 + drift * rng.uniform(-1.0, 1.0) for _ in range(decodes)]
+        for index, num_drafts in enumerate(drafting_lengths(rng, decodes * steps)):
             reduced = chooser.reduces(BUCKET, num_drafts)
             acceptance = text.reduced_acceptance if reduced else text.full_acceptance
             accepted = 0
             while accepted < num_drafts and rng.random() < acceptance:
                 accepted += 1
             shares = [1.0 if accepted > depth else 0.0 for depth in range(num_drafts)]
-            noise = 1.0 + STEP_NOISE * rng.random()
+            noise = speeds[index // steps] * (1.0 + STEP_NOISE * rng.random())
             chooser.record_step(
                 BUCKET, num_drafts, reduced, noise * step_seconds(text, reduced, num_drafts), shares
             )
@@ -140,31 +133,34 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--decodes", type=int, default=3, help="decodes of each text in a row")
     parser.add_argument("--steps", type=int, default=33, help="decoding steps per decode")
+    parser.add_argument(
+        "--drift", type=float, default=0.1, help="each decode's steps take 1 +- this at most"
+    )
     parser.add_argument("--output", default="retrieval_choice_simulation")
     args = parser.parse_args()
-    lengths = {"decodes": args.decodes, "steps": args.steps}
+    lengths = {"decodes": args.decodes, "steps": args.steps, "drift": args.drift}
     results: dict[str, Any] = {}
-    print("| workload | text | chooser | of the better cache (10th percentile) | reduced share |")
-    print("|---|---|---|---|---|")
+    print("| workload | text | of the better cache (10th percentile) | reduced share |")
+    print("|---|---|---|---|")
     for workload, texts in WORKLOADS.items():
-        results[workload] = {text.name: {"text": dataclasses.asdict(text)} for text in texts}
-        for chooser_name, chooser_type in CHOOSERS.items():
-            runs = [
-                replay(chooser_type(ACTIVATION_LENGTH, MAX_DRAFTS), texts, seed, **lengths)
-                for seed in range(args.seeds)
-            ]
-            for index, text in enumerate(texts):
-                ratios = sorted(run[index]["of_better_cache"] for run in runs)
-                summary = {
-                    "median": statistics.median(ratios),
-                    "p10": ratios[len(ratios) // 10],
-                    "reduced_share": statistics.median(run[index]["reduced_share"] for run in runs),
-                }
-                results[workload][text.name][chooser_name] = summary
-                print(
-                    f"| {workload} | {text.name} | {chooser_name} | {summary['median']:.3f} "
-                    f"({summary['p10']:.3f}) | {summary['reduced_share']:.2f} |"
-                )
+        results[workload] = {}
+        runs = [
+            replay(RetrievalChooser(ACTIVATION_LENGTH, MAX_DRAFTS), texts, seed, **lengths)
+            for seed in range(args.seeds)
+        ]
+        for index, text in enumerate(texts):
+            ratios = sorted(run[index]["of_better_cache"] for run in runs)
+            summary = {
+                "text": dataclasses.asdict(text),
+                "median": statistics.median(ratios),
+                "p10": ratios[len(ratios) // 10],
+                "reduced_share": statistics.median(run[index]["reduced_share"] for run in runs),
+            }
+            results[workload][text.name] = summary
+            print(
+                f"| {workload} | {text.name} | {summary['median']:.3f} "
+                f"({summary['p10']:.3f}) | {summary['reduced_share']:.2f} |"
+            )
     print(f"saved {engine.save_record(args.output, args, results)}")
 
 

@@ -12,42 +12,59 @@ verification of what they drafted); the choice with more tokens per second is ke
     tokens_per_step(reduced) / step_seconds(reduced)  vs  tokens_per_step(full) / step_seconds(full).
 
 Both sides are measured per bucket of context lengths (`activation_length` to twice it,
-then to four times it, ...). Step times are measured per number of drafts per step too:
-each measures the full cache (what `draft_model` does) and the reduced one in turns of 4
-steps, 8 steps each, keeps the faster and re-explores the other as `algorithm.exploration`
-schedules. A batch follows the choice of the bucket holding most of its context tokens
-(the requests long enough to be reduced all draft the same way), and its step is measured
-for that bucket, so batches that mix lengths measure too.
+then to four times it, ...): the bucket measures the full cache (what `draft_model` does)
+and the reduced one in turns of 4 steps, 8 steps each, keeps the faster and re-explores the
+other as `algorithm.exploration` schedules, on steps of any number of drafts. A batch
+follows the choice of the bucket holding most of its context tokens (the requests long
+enough to be reduced all draft the same way), and its step is measured for that bucket, so
+batches that mix lengths measure too.
 
-The number of drafts is part of a step time's key because `drafting: auto` changes it
-from one step to the next (it keeps one length and explores one more for a few steps now
-and then): a way's step time is the median of its last 8 steps, so steps of two lengths
-mixed in one way made the way that ran a longer exploration look slower by the longer
-steps' time. A new length's measuring turns start with the way the bucket's most measured
-length prefers.
+The number of drafts changes from one step to the next (`drafting: auto` keeps one length
+and explores one more for a few steps now and then), and each step compares the two ways,
+and keeps a preference, for its own number of drafts:
+- tokens per step: each way's acceptance of the i-th draft is measured over the bucket's
+  steps of any number of drafts (`algorithm.draft_acceptance`), and a number of drafts'
+  tokens follow from it;
+- step time: the reduced cache's step time over the full one's, measured per number of
+  drafts on the steps of the two ways around their switches (`StepTimeRatio`). Each way's
+  own recent steps compared the kept way's steps now with the other's from the last
+  exploration, on another text or a busier machine: at 4K on essays the reduced cache
+  measured 18% faster (363 against 442 ms) where the decodes held on either cache spent
+  the same time in the target's forward.
 
-Tokens per step are not: each way's acceptance of the i-th draft is measured over the
-bucket's steps of any number of drafts (`algorithm.draft_acceptance`), and a number of
-drafts' tokens follow from it. At 4K fiction, with tokens measured per number of drafts,
-steps of 2 drafts kept the reduced cache on a 4% win in step time (1.79 tokens against
-1.85, 137 steps) while steps of 1 draft in the same bucket (most of them on the essay
-decoded before) had the first draft accepted at 0.55 on the reduced cache against 0.83 on
-the full one; decodes held on the full cache ran 1.06-1.23x faster.
+When each number of drafts measured and explored the two ways on its own schedule, in
+`benchmarks.retrieval_choice_simulation` a reduced cache twice as fast kept 0.77 of its
+rate over 99 steps of 1 to 4 drafts, each number measuring the slower cache for 8 steps;
+now 0.92. What the bucket's one schedule costs: a number of drafts whose deeper drafts the
+way not kept has measured in few steps compares on its few steps' acceptance, with their
+noise, until an exploration at that number measures more.
 """
 
 from __future__ import annotations
 
+import collections
+import statistics
 from collections.abc import Sequence
 
 import torch
 
 from specextend_vllm.algorithm.draft_acceptance import DraftAcceptance, TokensEstimate
-from specextend_vllm.algorithm.exploration import TwoWayChoice, TwoWaySchedule
+from specextend_vllm.algorithm.exploration import (
+    Exploration,
+    keeps_preference,
+    tokens_beyond_noise,
+)
 
 # Buckets of context lengths from activation_length up; longer contexts share the last.
 NUM_LENGTH_BUCKETS = 8
-# A way's step time: the median of its last 8 steps (two selections' worth).
-STEP_WINDOW = 8
+# The two ways' step times are compared over their steps within 8 of the switch between
+# them, once each has a measuring turn's worth there (`StepTimeRatio`).
+SWITCH_STEPS = 8
+PAIRED_STEPS = 4
+# A number of drafts' ratio is the median of its last 5 switches' (about one exploration
+# of 8 steps gives two: its first steps against the kept way's before it, its last against
+# those after).
+RATIO_SWITCHES = 5
 # Each draft is accepted or not from one step to the next, and the two choices'
 # acceptance is often within 10% of each other: a long average.
 TOKENS_SMOOTHING = 0.02
@@ -77,89 +94,195 @@ def length_buckets(context_lens: torch.Tensor, activation_length: int) -> torch.
     return torch.where(multiples > 0, buckets.clamp(max=NUM_LENGTH_BUCKETS - 1), -1)
 
 
-# How each bucket measures its two ways, the full cache first.
-SCHEDULE = TwoWaySchedule(
-    min_samples=MIN_SAMPLES,
-    measuring_turn=MEASURING_TURN,
-    exploration_steps=EXPLORATION_STEPS,
-    first_period=FIRST_EXPLORATION_PERIOD,
-    max_period=EXPLORATION_PERIOD,
-    step_window=STEP_WINDOW,
-    tokens_smoothing=TOKENS_SMOOTHING,
-)
+class StepTimeRatio:
+    """The reduced cache's step time over the full one's, per number of drafts, from the
+    steps of the two ways around their switches: at each switch, the lower medians of each
+    way's steps of that number of drafts within SWITCH_STEPS steps of the older way's last
+    one, once each way has PAIRED_STEPS of them there; the ratio is the median of the last
+    RATIO_SWITCHES switches'.
+
+    The two ways' steps are measured at different times, and a bucket's steps take longer
+    on a longer text, or when the machine is busier: each way's own recent steps would
+    compare the kept way's steps now with the other way's from the last exploration. A
+    number of drafts not measured both ways reads the ratio of the nearest one that is.
+    Full steps of 0.50 s, reduced ones of 0.40 s, then the full cache kept while the machine
+    slows down:
+
+    >>> ratio = StepTimeRatio()
+    >>> for reduced, seconds in [(False, 0.50), (False, 0.52)] * 2 + [(True, 0.40)] * 4:
+    ...     ratio.add(reduced, 3, seconds)
+    >>> for seconds in [0.50] * SWITCH_STEPS + [0.70] * 2 * SWITCH_STEPS:
+    ...     ratio.add(False, 3, seconds)
+    >>> ratio.value(3), ratio.value(4), StepTimeRatio().value(3)
+    (0.8, 0.8, None)
+    """
+
+    def __init__(self) -> None:
+        self.steps = 0
+        # Per (reduced, drafts per step): (step index, seconds) of its last steps.
+        self.recent: dict[tuple[bool, int], collections.deque[tuple[int, float]]] = {}
+        # Per drafts per step: the ratio around each of the last switches, by the step
+        # index that switch is measured around.
+        self.switch_ratios: dict[int, dict[int, float]] = {}
+
+    def add(self, reduced: bool, num_drafts: int, step_seconds: float) -> None:
+        self.steps += 1
+        self.recent.setdefault(
+            (reduced, num_drafts), collections.deque(maxlen=2 * SWITCH_STEPS)
+        ).append((self.steps, step_seconds))
+        ways = [self.recent.get((way, num_drafts)) for way in (False, True)]
+        if not (ways[0] and ways[1]):
+            return
+        switch = min(steps[-1][0] for steps in ways)
+        around_switch = [
+            [seconds for index, seconds in steps if abs(index - switch) <= SWITCH_STEPS]
+            for steps in ways
+        ]
+        if min(len(times) for times in around_switch) >= PAIRED_STEPS:
+            full, reduced_seconds = (statistics.median_low(times) for times in around_switch)
+            ratios = self.switch_ratios.setdefault(num_drafts, {})
+            ratios[switch] = reduced_seconds / full
+            if len(ratios) > RATIO_SWITCHES:
+                del ratios[next(iter(ratios))]
+
+    def ratios(self) -> dict[int, float]:
+        """Per number of drafts measured both ways, the ratio."""
+        return {
+            num_drafts: statistics.median(ratios.values())
+            for num_drafts, ratios in sorted(self.switch_ratios.items())
+        }
+
+    def value(self, num_drafts: int) -> float | None:
+        measured = self.switch_ratios
+        if not measured:
+            return None
+        nearest = min(measured, key=lambda count: (abs(count - num_drafts), count))
+        return statistics.median(measured[nearest].values())
+
+
+class BucketChoice:
+    """One bucket's choice. It measures the two ways, then explores the one not preferred,
+    over steps of any number of drafts, and prefers a way per number of drafts: each step's
+    comparison is for its own number (a draft lost costs more tokens at 4 drafts a step than
+    at 1, and the time a reduced cache saves grows with the draft's passes). A number not
+    compared yet follows the nearest one compared.
+
+    Each draft accepted at 0.5 on the reduced cache and 0.8 on the full one, whose steps
+    take 1.25x as long: at 1 draft a step the reduced cache wins (1.5 tokens against 1.8),
+    at 4 the full one (1.9 against 3.4). Steps of 1 draft measure the two ways in turns of
+    4, then keep the reduced cache; steps of 4 start with it, as the nearest number
+    compared, and turn to the full cache; steps of 1 go back to the reduced one at once:
+
+    >>> bucket = BucketChoice(max_drafts=4)
+    >>> def step(num_drafts):
+    ...     reduced = bucket.reduces(num_drafts)
+    ...     acceptance = 0.5 if reduced else 0.8
+    ...     shares = [acceptance**depth for depth in range(1, num_drafts + 1)]
+    ...     seconds = (0.8 if reduced else 1.0) * (1 + 0.25 * num_drafts)
+    ...     bucket.record_step(num_drafts, reduced, seconds, shares)
+    ...     return int(reduced)
+    >>> [step(1) for _ in range(20)]
+    [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]
+    >>> [step(4) for _ in range(12)], [step(1) for _ in range(4)]
+    ([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1])
+    """
+
+    def __init__(self, max_drafts: int):
+        # Each way's acceptance of each draft, the full cache's first.
+        self.acceptance = (
+            DraftAcceptance(max_drafts, TOKENS_SMOOTHING),
+            DraftAcceptance(max_drafts, TOKENS_SMOOTHING),
+        )
+        self.time_ratio = StepTimeRatio()
+        # Measured steps on the full cache and on the reduced one.
+        self.steps = [0, 0]
+        self.prefers_reduced: dict[int, bool] = {}
+        self.exploration = Exploration(FIRST_EXPLORATION_PERIOD, EXPLORATION_PERIOD)
+
+    def measured(self, num_drafts: int) -> bool:
+        return min(self.steps) >= MIN_SAMPLES and self.time_ratio.value(num_drafts) is not None
+
+    def preference(self, num_drafts: int) -> bool:
+        """Whether steps of `num_drafts` drafts prefer the reduced cache."""
+        if not self.prefers_reduced:
+            return False
+        nearest = min(self.prefers_reduced, key=lambda count: (abs(count - num_drafts), count))
+        return self.prefers_reduced[nearest]
+
+    def reduces(self, num_drafts: int) -> bool:
+        """Each way in turns until both are measured, then the preferred one, or the other
+        one while exploring."""
+        full, reduced = self.steps
+        if full >= MIN_SAMPLES > reduced:
+            return True
+        if reduced >= MIN_SAMPLES > full:
+            return False
+        if not self.measured(num_drafts):
+            return (full + reduced) // MEASURING_TURN % 2 == 1
+        return self.preference(num_drafts) != self.exploration.exploring
+
+    def tokens_estimates(self, num_drafts: int) -> tuple[TokensEstimate, TokensEstimate]:
+        """Tokens per step of `num_drafts` drafts on the full cache and on the reduced one."""
+        full, reduced = self.acceptance
+        return full.tokens_estimate(num_drafts), reduced.tokens_estimate(num_drafts)
+
+    def record_step(
+        self,
+        num_drafts: int,
+        reduced: bool,
+        step_seconds: float,
+        accepted_shares: Sequence[float],
+    ) -> None:
+        self.acceptance[int(reduced)].add(accepted_shares)
+        self.time_ratio.add(reduced, num_drafts, step_seconds)
+        self.steps[int(reduced)] += 1
+        time_ratio = self.time_ratio.value(num_drafts)
+        if min(self.steps) < MIN_SAMPLES or time_ratio is None:
+            return
+        preferred = self.preference(num_drafts)
+        full_tokens, reduced_tokens = tokens_beyond_noise(*self.tokens_estimates(num_drafts))
+        win = reduced_tokens / full_tokens / time_ratio
+        prefers_reduced = keeps_preference(preferred, win, 1.0)
+        self.prefers_reduced[num_drafts] = prefers_reduced
+        tokens_ratio = reduced_tokens / full_tokens
+        self.exploration.count_step(
+            prefers_reduced != preferred,
+            win if prefers_reduced else 1 / win,
+            EXPLORATION_STEPS,
+            1 / tokens_ratio if prefers_reduced else tokens_ratio,
+        )
 
 
 class RetrievalChooser:
-    """Chooses, per bucket of context lengths and number of drafts per step, between
-    drafting on the reduced cache and on the full one. `reduces` reads the choice for a
-    batch's bucket; `record_step` feeds one measured step.
+    """Chooses, per bucket of context lengths, between drafting on the reduced cache and on
+    the full one. `reduces` reads the choice for a batch's bucket; `record_step` feeds one
+    measured step.
 
     At 3K a reduced step of 4 drafts takes 0.50 s, a full one 0.52 s; each draft is
     accepted at 0.6 on the reduced cache (2.3 tokens a step), 0.7 on the full one (2.8):
     the full cache wins (5.3 tokens/s against 4.6). At 12K: 0.55 s against 0.80 s, the
-    reduced one wins (4.2 against 3.5, tokens as at 3K); steps of 3 drafts there start
-    measuring on the reduced cache:
+    reduced one wins (4.2 against 3.5, tokens as at 3K):
 
     >>> chooser = RetrievalChooser(activation_length=2048, max_drafts=4)
-    >>> for reduced, seconds_3k, seconds_12k, acceptance in (
-    ...     (False, 0.52, 0.80, 0.7), (True, 0.50, 0.55, 0.6)
-    ... ):
-    ...     shares = [acceptance**depth for depth in range(1, 5)]
-    ...     for _ in range(MIN_SAMPLES):
-    ...         chooser.record_step(0, 4, reduced, seconds_3k, shares)
-    ...         chooser.record_step(2, 4, reduced, seconds_12k, shares)
-    >>> chooser.reduces(0, 4), chooser.reduces(2, 4), chooser.reduces(2, 3)
-    (False, True, True)
+    >>> for _ in range(2 * MIN_SAMPLES):
+    ...     for bucket, times in ((0, (0.52, 0.50)), (2, (0.80, 0.55))):
+    ...         reduced = chooser.reduces(bucket, 4)
+    ...         acceptance = 0.6 if reduced else 0.7
+    ...         shares = [acceptance**depth for depth in range(1, 5)]
+    ...         chooser.record_step(bucket, 4, reduced, times[reduced], shares)
+    >>> chooser.reduces(0, 4), chooser.reduces(2, 4)
+    (False, True)
     """
 
     def __init__(self, activation_length: int, max_drafts: int):
         self.activation_length = activation_length
         self.max_drafts = max_drafts
-        # Per (bucket, drafts per step): the full cache (the first way) against the reduced
-        # one (the second).
-        self.choices: dict[tuple[int, int], TwoWayChoice] = {}
-        # Per bucket: each way's acceptance of each draft, the full cache's first.
-        self.acceptance: dict[int, tuple[DraftAcceptance, DraftAcceptance]] = {}
+        self.buckets: dict[int, BucketChoice] = {}
 
-    def choice(self, bucket_index: int, num_drafts: int) -> TwoWayChoice:
-        """The choice for steps of `num_drafts` drafts in bucket `bucket_index`; a new one
-        starts measuring with the way the bucket's most measured choice prefers."""
-        key = (bucket_index, num_drafts)
-        if key not in self.choices:
-            measured = [
-                choice
-                for (bucket, _), choice in self.choices.items()
-                if bucket == bucket_index and choice.measured()
-            ]
-            most_measured = max(
-                measured,
-                key=lambda choice: choice.first.samples + choice.second.samples,
-                default=None,
-            )
-            starts_reduced = most_measured is not None and most_measured.prefers_second
-            self.choices[key] = TwoWayChoice(
-                SCHEDULE,
-                starts_second=starts_reduced,
-                pooled_tokens=lambda: self.tokens_estimates(bucket_index, num_drafts),
-            )
-        return self.choices[key]
-
-    def bucket_acceptance(self, bucket_index: int) -> tuple[DraftAcceptance, DraftAcceptance]:
-        """The bucket's acceptance of each draft on the full cache and on the reduced one."""
-        if bucket_index not in self.acceptance:
-            self.acceptance[bucket_index] = (
-                DraftAcceptance(self.max_drafts, TOKENS_SMOOTHING),
-                DraftAcceptance(self.max_drafts, TOKENS_SMOOTHING),
-            )
-        return self.acceptance[bucket_index]
-
-    def tokens_estimates(
-        self, bucket_index: int, num_drafts: int
-    ) -> tuple[TokensEstimate, TokensEstimate]:
-        """Tokens per step of `num_drafts` drafts on the full cache and on the reduced one,
-        from the bucket's steps of any number of drafts."""
-        full, reduced = self.bucket_acceptance(bucket_index)
-        return full.tokens_estimate(num_drafts), reduced.tokens_estimate(num_drafts)
+    def bucket(self, bucket_index: int) -> BucketChoice:
+        if bucket_index not in self.buckets:
+            self.buckets[bucket_index] = BucketChoice(self.max_drafts)
+        return self.buckets[bucket_index]
 
     def batch_bucket(self, context_lens: torch.Tensor) -> int:
         """[R] context lengths -> the bucket holding most of the context tokens of the
@@ -180,7 +303,7 @@ class RetrievalChooser:
     def reduces(self, bucket_index: int, num_drafts: int) -> bool:
         """Whether the requests of a batch whose bucket is `bucket_index` draft their
         `num_drafts` tokens on the reduced cache now."""
-        return self.choice(bucket_index, num_drafts).uses_second()
+        return self.bucket(bucket_index).reduces(num_drafts)
 
     def record_step(
         self,
@@ -194,7 +317,4 @@ class RetrievalChooser:
         `bucket_index`, whose requests drafted on the reduced cache (or all on the full
         one), then verified: it took `step_seconds`, and a share `accepted_shares[i]` of
         its requests accepted i + 1 drafts or more."""
-        self.bucket_acceptance(bucket_index)[int(reduced)].add(accepted_shares)
-        self.choice(bucket_index, num_drafts).record(
-            reduced, step_seconds, 1.0 + sum(accepted_shares)
-        )
+        self.bucket(bucket_index).record_step(num_drafts, reduced, step_seconds, accepted_shares)

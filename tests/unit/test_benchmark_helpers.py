@@ -283,8 +283,9 @@ def test_saved_runs_name_the_commit_of_the_code_they_ran(tmp_path: Path) -> None
 
 def test_the_retrieval_state_is_each_measured_choice_both_ways() -> None:
     """`benchmarks.draft_length_modes` saves `retrieval: auto`'s state after each decode:
-    per bucket and number of drafts measured both ways, the preferred way, each way's step
-    time, tokens per step (from steps of any number of drafts) and measured steps; a choice
+    per bucket measured both ways, per number of drafts compared, the preferred way and
+    tokens per step (from steps of any number of drafts); the reduced cache's step time
+    over the full one's per number of drafts measured both ways; measured steps. A bucket
     measured one way only is left out."""
     from types import SimpleNamespace
 
@@ -294,17 +295,17 @@ def test_the_retrieval_state_is_each_measured_choice_both_ways() -> None:
     chooser = RetrievalChooser(activation_length=2048, max_drafts=4)
     for _ in range(MIN_SAMPLES):
         chooser.record_step(1, 4, False, 0.6, [1.0, 1.0, 0.0, 0.0])
+    for _ in range(MIN_SAMPLES):
         chooser.record_step(1, 4, True, 0.3, [1.0, 0.0, 0.0, 0.0])
-    chooser.record_step(1, 3, False, 0.5, [1.0, 1.0, 0.0])
+    chooser.record_step(2, 3, False, 0.5, [1.0, 1.0, 0.0])
     planner = SimpleNamespace(chooser=chooser)
     worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace(planner=planner)))
     assert retrieval_state(worker) == {
-        "1/4": {
-            "prefers_reduced": True,
-            "full_ms": 600.0,
-            "reduced_ms": 300.0,
-            "full_tokens": 3.0,
-            "reduced_tokens": 2.0,
+        "1": {
+            "prefers_reduced": {4: True},
+            "reduced_over_full_time": {4: 0.5},
+            "full_tokens": {4: 3.0},
+            "reduced_tokens": {4: 2.0},
             "full_steps": MIN_SAMPLES,
             "reduced_steps": MIN_SAMPLES,
         }
@@ -317,8 +318,9 @@ def test_the_retrieval_simulation_scores_steps_against_the_better_cache() -> Non
     """`benchmarks.retrieval_choice_simulation`: where the two caches draft alike and take
     the same time, every step counts as on the better one (1.0); where the reduced cache
     takes half the time or twice the time, the chooser spends most steps on the faster one
-    and the score does not depend on which it is. Seen: 0.77 both ways, 0.70 of the steps on
-    the faster cache in 99 steps, each number of drafts (1 to 4) measuring both ways."""
+    and the score does not depend on which it is. Seen: 0.91 both ways, 0.92 of the steps on
+    the faster cache in 99 steps (0.75 and 0.68 with each number of drafts measuring both
+    ways, the chooser before a bucket measured and explored as one)."""
     from benchmarks.retrieval_choice_simulation import Text, replay
     from specextend_vllm.algorithm.retrieval_choice import RetrievalChooser
 
@@ -330,5 +332,5 @@ def test_the_retrieval_simulation_scores_steps_against_the_better_cache() -> Non
     same, faster, slower = run(1.0), run(0.5), run(2.0)
     assert same["of_better_cache"] == pytest.approx(1.0)
     assert faster["reduced_share"] > 0.5 > slower["reduced_share"]
-    assert faster["of_better_cache"] < 1.0
+    assert 0.85 <= faster["of_better_cache"] < 1.0
     assert faster["of_better_cache"] == pytest.approx(slower["of_better_cache"], abs=0.05)

@@ -77,7 +77,7 @@ def test_context_lengths_are_measured_apart_and_short_requests_are_never_reduced
     chooser = new_chooser()
     run_steps(chooser, 3000, 60, reduced=(0.50, 2.0), full=(0.52, 3.0))
     run_steps(chooser, 12000, 60, reduced=(0.55, 2.5), full=(0.80, 2.5))
-    assert not chooser.choice(0, K).prefers_second and chooser.choice(2, K).prefers_second
+    assert not chooser.bucket(0).preference(K) and chooser.bucket(2).preference(K)
     assert chooser.batch_bucket(torch.tensor([1000, 2047])) == -1
 
 
@@ -159,13 +159,12 @@ def test_steps_of_another_draft_count_do_not_turn_the_choice() -> None:
     """`drafting: auto` keeping 3 drafts a step and exploring 4 for 5 steps in every 16, at
     8K: the reduced cache 1.15x faster in tokens per second at either count, a step of 4
     drafts 1.25x as long as one of 3 for 1.1x the tokens; 20 seeds of 600 steps. Seen: the
-    steps of 3 drafts after the first 80 on the reduced cache in 0.978 of them in every
-    seed (the rest explore the full cache). With both counts' steps measured as one way
-    (the chooser before the count was part of its key), 0.76-0.97, four seeds below 0.9: a
-    way's step time, the median of its last 8 steps, takes the longer steps' time after an
-    exploration of 4 drafts while its tokens (a long average) hardly move, so the way that
-    ran the exploration looks slower."""
-    times_3, tokens_3 = (0.50, 2.4), (0.575, 2.4)
+    steps of 3 drafts after the first 80 on the reduced cache in 0.88-0.97 of them (the
+    rest explore the full cache). With the two counts' step times compared as one (the
+    reduced cache's time ratio measured over steps of any number of drafts): 0.70-0.97,
+    15 seeds below 0.88: a reduced step of 4 drafts next to a full one of 3 measures the
+    reduced cache slower."""
+    reduced, full = (0.50, 2.4), (0.575, 2.4)
     kept_reduced = []
     for seed in range(20):
         rng = random.Random(seed)
@@ -175,8 +174,7 @@ def test_steps_of_another_draft_count_do_not_turn_the_choice() -> None:
         for index in range(600):
             num_drafts = 4 if index % 16 >= 11 else 3
             reduces = chooser.reduces(bucket, num_drafts)
-            seconds = times_3[0] if reduces else times_3[1]
-            mean_tokens = tokens_3[0] if reduces else tokens_3[1]
+            seconds, mean_tokens = reduced if reduces else full
             if num_drafts == 4:
                 seconds, mean_tokens = 1.25 * seconds, 1.1 * mean_tokens
             tokens = rng.uniform(1, 2 * mean_tokens - 1)
@@ -184,34 +182,30 @@ def test_steps_of_another_draft_count_do_not_turn_the_choice() -> None:
             if num_drafts == 3 and index >= 80:
                 choices.append(reduces)
         kept_reduced.append(choices.count(True) / len(choices))
-    assert min(kept_reduced) >= 0.9
+    assert min(kept_reduced) >= 0.85
 
 
-def test_acceptance_measured_at_one_draft_count_decides_another() -> None:
-    """Each draft accepted at 0.8 on the full cache, 0.6 on the reduced one, whose steps
-    take 0.96 of the time. `drafting: auto` keeps 1 draft a step for 100 steps (where the
-    full cache wins 1.08x), then 2 (1.2x); 30 seeds. Seen: after the 2-draft steps' 16
-    measuring steps, the full cache preferred in 23 seeds; over the 100 steps of 2 drafts,
-    0.955 of the best choice's tokens per second (10th percentile 0.925). With each number
-    of drafts' tokens measured apart (the chooser before they were pooled): 14 seeds, and
-    0.941 (0.910): that first comparison rests on 8 noisy steps of each way, the first
-    draft's acceptance measured in the 100 steps before is left out, and the reduced
-    cache's 4% win in time decides."""
-    full_first = 0
-    for seed in range(30):
+def test_a_number_of_drafts_new_to_a_bucket_does_not_measure_it_again() -> None:
+    """100 steps of 1 draft, the reduced cache's steps taking half the time and each draft
+    accepted at 0.7 on either, then 100 of 2 drafts; 20 seeds. Seen: no step of 2 drafts on
+    the full cache in any seed, the choice made at 1 draft holding (a clear win waits the
+    longest period to explore). With a bucket's measuring and explorations kept per number
+    of drafts (the chooser before they were the bucket's), each seed's first 8 steps of 2
+    drafts measure the full cache again."""
+    for seed in range(20):
         rng = random.Random(seed)
         chooser = new_chooser()
         bucket = chooser.batch_bucket(torch.tensor([5000]))
-        for index in range(100 + MEASURING_STEPS):
+        full_steps_of_two = 0
+        for index in range(200):
             num_drafts = 1 if index < 100 else 2
             reduces = chooser.reduces(bucket, num_drafts)
-            acceptance = 0.6 if reduces else 0.8
             accepted = 0
-            while accepted < num_drafts and rng.random() < acceptance:
+            while accepted < num_drafts and rng.random() < 0.7:
                 accepted += 1
-            seconds = (0.96 if reduces else 1.0) * (1 + 0.25 * num_drafts)
+            seconds = (0.5 if reduces else 1.0) * (1 + 0.25 * num_drafts)
             chooser.record_step(
                 bucket, num_drafts, reduces, seconds, shares(1 + accepted, num_drafts)
             )
-        full_first += not chooser.choice(bucket, 2).prefers_second
-    assert full_first >= 20
+            full_steps_of_two += num_drafts == 2 and not reduces
+        assert full_steps_of_two == 0
