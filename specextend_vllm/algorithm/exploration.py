@@ -1,6 +1,6 @@
 """Choosing between two ways of running a step from measured steps of each
-(`TwoWayChoice`, for `retrieval: auto` and `verification_attention: auto`), and when a
-choice, once made, tries the other again (`Exploration`, also for `drafting: auto`).
+(`TwoWayChoice`, for `verification_attention: auto`; its parts for `retrieval: auto`), and
+when a choice, once made, tries the other again (`Exploration`, also for `drafting: auto`).
 
 Exploring the worse way costs time: an exploration of E steps, each giving T_e tokens in
 S_e seconds where the kept way gives T_k tokens in S_k, loses E * (S_e / S_k - T_e / T_k)
@@ -15,7 +15,6 @@ import collections
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable
 from typing import Protocol
 
 # After a choice is made, the other one is measured again for a few steps after a first
@@ -305,8 +304,7 @@ class TwoWayChoice:
 
     The second way takes 0.4 s a step where the first takes 0.5 s (1 token a step): after
     two turns of 2 steps each, the second is preferred and run; the first is explored again
-    after 4 steps, for 2. The measuring turns start with the first way, or with the second
-    where it is likelier the faster (`starts_second`):
+    after 4 steps, for 2; the measuring turns start with the first way:
 
     >>> def run(choice):
     ...     ways = []
@@ -317,22 +315,10 @@ class TwoWayChoice:
     ...     return ways
     >>> run(TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 2, 0.5)))
     [0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1]
-    >>> run(TwoWayChoice(TwoWaySchedule(2, 2, 2, 4, 16, 2, 0.5), starts_second=True))
-    [1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1]
-
-    Where the ways' tokens per step are measured over more steps than this choice's own
-    (`pooled_tokens`: the first way's, the second's), the comparison reads those.
     """
 
-    def __init__(
-        self,
-        schedule: TwoWaySchedule,
-        starts_second: bool = False,
-        pooled_tokens: Callable[[], tuple[TokensMeasurement, TokensMeasurement]] | None = None,
-    ):
+    def __init__(self, schedule: TwoWaySchedule):
         self.schedule = schedule
-        self.starts_second = starts_second
-        self.pooled_tokens = pooled_tokens
         self.first = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
         self.second = WayMeasurements(schedule.step_window, schedule.tokens_smoothing)
         self.prefers_second = False
@@ -351,14 +337,8 @@ class TwoWayChoice:
             return False
         if not self.measured():
             turn = (self.first.samples + self.second.samples) // self.schedule.measuring_turn
-            return (turn % 2 == 1) != self.starts_second
+            return turn % 2 == 1
         return self.prefers_second != self.exploration.exploring
-
-    def tokens_measurements(self) -> tuple[TokensMeasurement, TokensMeasurement]:
-        """The first way's tokens per step and the second's, as the comparison reads them."""
-        if self.pooled_tokens is not None:
-            return self.pooled_tokens()
-        return self.first.tokens_per_step, self.second.tokens_per_step
 
     def record(self, second: bool, step_seconds: float, tokens_per_step: float) -> None:
         """One step run the `second` way (or the first) took `step_seconds` and gave
@@ -367,7 +347,9 @@ class TwoWayChoice:
         if not self.measured():
             return
         preferred = self.prefers_second
-        first_tokens, second_tokens = tokens_beyond_noise(*self.tokens_measurements())
+        first_tokens, second_tokens = tokens_beyond_noise(
+            self.first.tokens_per_step, self.second.tokens_per_step
+        )
         second_rate = second_tokens / self.second.step_s.value
         first_rate = first_tokens / self.first.step_s.value
         self.prefers_second = keeps_preference(preferred, second_rate, first_rate)
