@@ -283,6 +283,49 @@ class WayMeasurements:
         self.tokens_per_step.add(tokens_per_step)
 
 
+def measuring_uses_second(
+    first_samples: int, second_samples: int, min_samples: int, measuring_turn: int
+) -> bool:
+    """Whether the second way runs next while the two are measured: the way short of
+    `min_samples` once the other has them, else each in turns of `measuring_turn` steps,
+    the first way first.
+
+    >>> [measuring_uses_second(first, 0, 4, 2) for first in range(5)]
+    [False, False, True, True, True]
+    """
+    if first_samples >= min_samples > second_samples:
+        return True
+    if second_samples >= min_samples > first_samples:
+        return False
+    return (first_samples + second_samples) // measuring_turn % 2 == 1
+
+
+def compare_ways(
+    exploration: Exploration,
+    prefers_second: bool,
+    first_rate: float,
+    second_rate: float,
+    tokens_ratio: float,
+    steps_to_explore: int,
+) -> bool:
+    """The preference after one more measured step, from the two ways' tokens per second
+    (`tokens_ratio`: the second way's tokens per step over the first's); counts the step
+    towards `exploration`'s next exploration of the way not preferred.
+
+    >>> compare_ways(Exploration(), False, 1.0, 1.5, 1.0, 2)
+    True
+    """
+    preferred = keeps_preference(prefers_second, second_rate, first_rate)
+    win = second_rate / first_rate
+    exploration.count_step(
+        preferred != prefers_second,
+        win if preferred else 1 / win,
+        steps_to_explore,
+        1 / tokens_ratio if preferred else tokens_ratio,
+    )
+    return preferred
+
+
 @dataclasses.dataclass(frozen=True)
 class TwoWaySchedule:
     """How a `TwoWayChoice` measures: `min_samples` steps of each way, taken in turns of
@@ -330,14 +373,13 @@ class TwoWayChoice:
     def uses_second(self) -> bool:
         """Each way in turns until both are measured, then the preferred one, or the other
         one while exploring."""
-        min_samples = self.schedule.min_samples
-        if self.first.samples >= min_samples > self.second.samples:
-            return True
-        if self.second.samples >= min_samples > self.first.samples:
-            return False
         if not self.measured():
-            turn = (self.first.samples + self.second.samples) // self.schedule.measuring_turn
-            return turn % 2 == 1
+            return measuring_uses_second(
+                self.first.samples,
+                self.second.samples,
+                self.schedule.min_samples,
+                self.schedule.measuring_turn,
+            )
         return self.prefers_second != self.exploration.exploring
 
     def record(self, second: bool, step_seconds: float, tokens_per_step: float) -> None:
@@ -346,18 +388,14 @@ class TwoWayChoice:
         (self.second if second else self.first).add(step_seconds, tokens_per_step)
         if not self.measured():
             return
-        preferred = self.prefers_second
         first_tokens, second_tokens = tokens_beyond_noise(
             self.first.tokens_per_step, self.second.tokens_per_step
         )
-        second_rate = second_tokens / self.second.step_s.value
-        first_rate = first_tokens / self.first.step_s.value
-        self.prefers_second = keeps_preference(preferred, second_rate, first_rate)
-        win = second_rate / first_rate
-        tokens_ratio = second_tokens / first_tokens
-        self.exploration.count_step(
-            self.prefers_second != preferred,
-            win if self.prefers_second else 1 / win,
+        self.prefers_second = compare_ways(
+            self.exploration,
+            self.prefers_second,
+            first_tokens / self.first.step_s.value,
+            second_tokens / self.second.step_s.value,
+            second_tokens / first_tokens,
             self.schedule.exploration_steps,
-            1 / tokens_ratio if self.prefers_second else tokens_ratio,
         )
