@@ -209,3 +209,27 @@ def test_a_number_of_drafts_new_to_a_bucket_does_not_measure_it_again() -> None:
             )
             full_steps_of_two += num_drafts == 2 and not reduces
         assert full_steps_of_two == 0
+
+
+def test_one_switch_of_a_number_of_drafts_does_not_outweigh_its_neighbours() -> None:
+    """3 drafts a step measured both ways around 5 switches, the reduced cache 0.98 of the
+    full one's time; then 4 drafts around one switch where the machine ran the full cache's
+    steps 1.2x slower. Each draft is accepted at 0.9 of the full cache's rate on the reduced
+    one, which loses at either number. Seen: the full cache preferred at 4 drafts (ratio
+    0.98). With each number's ratio read from its own switches alone (before): 0.82, and
+    the reduced cache kept at 4 drafts."""
+    bucket = new_chooser().bucket(1)
+    full_shares = [0.7, 0.5, 0.35, 0.25]
+    reduced_shares = [0.63, 0.405, 0.255, 0.164]
+    for _ in range(5):
+        for reduced in (False, True):
+            for _ in range(MIN_SAMPLES):
+                shares_of_way = reduced_shares if reduced else full_shares
+                bucket.record_step(3, reduced, 0.98 if reduced else 1.0, shares_of_way[:3])
+    for reduced in (False, True):
+        for _ in range(MIN_SAMPLES // 2):
+            shares_of_way = reduced_shares if reduced else full_shares
+            bucket.record_step(4, reduced, 1.15 if reduced else 1.4, shares_of_way)
+    assert len(bucket.time_ratio.switch_ratios[4]) == 1
+    assert bucket.time_ratio.value(4) == 0.98
+    assert not bucket.preference(4)
