@@ -28,17 +28,39 @@ MODULE_NAMES = {module_name(path) for path in PACKAGE_ROOT.rglob("*.py")}
 COMPILED_MODULES = {"specextend_vllm._C"}  # built by setup.py, not a source file
 
 
+def absolute_module(path: Path, node: ast.ImportFrom) -> str:
+    """The module an `ImportFrom` names, a relative one resolved from `path`'s package."""
+    if not node.level:
+        return node.module or ""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imported_names(path: Path) -> set[str]:
-    """`from package import submodule` depends on the submodule, not on the package."""
+    """`from package import submodule` depends on the submodule, not on the package;
+    relative imports and `importlib.import_module("...")` count as imports."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & (
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute_module(path, node)
+            submodules = {f"{module}.{alias.name}" for alias in node.names} & (
                 MODULE_NAMES | COMPILED_MODULES
             )
-            names.update(submodules or {node.module})
+            names.update(submodules or {module})
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names.add(node.args[0].value)
     return names
 
 
@@ -156,3 +178,22 @@ def test_the_kernel_tests_import_no_vllm() -> None:
         [sys.executable, "-c", WITHOUT_VLLM], cwd=PACKAGE_ROOT.parent, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_relative_imports_count_as_the_modules_they_name() -> None:
+    """The layering tests read relative imports too: `from ..vllm_access import x` in
+    the algorithm is the access layer, not a module named `vllm_access`."""
+    sampling = PACKAGE_ROOT / "algorithm" / "sampling.py"
+    package_root = PACKAGE_ROOT / "__init__.py"
+    cases = {
+        (sampling, "from ..vllm_access.attention_seam import AttentionLayerSeam"): (
+            "specextend_vllm.vllm_access.attention_seam"
+        ),
+        (sampling, "from . import token_tree"): "specextend_vllm.algorithm",
+        (package_root, "from .patches import registry"): "specextend_vllm.patches",
+        (sampling, "from torch import nn"): "torch",
+    }
+    for (path, source), module in cases.items():
+        node = ast.parse(source).body[0]
+        assert isinstance(node, ast.ImportFrom)
+        assert absolute_module(path, node) == module, source
