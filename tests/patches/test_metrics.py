@@ -148,6 +148,18 @@ def test_the_stat_logger_counts_each_engines_steps(prometheus_registry: None) ->
     assert samples[("vllm:specextend_retrievals", "0")] == 0
 
 
+def test_each_count_reaches_the_counter_named_after_it(prometheus_registry: None) -> None:
+    """Every field of a step's counts, each a different value, in `vllm:specextend_<field>`
+    (two fields' counters swapped, or a field read into another's, fails here)."""
+    stat_logger = SpecExtendStatLogger(engine_config(True), engine_indexes=[0])
+    stat_logger.log_engine_initialized()
+    values = {field: index + 1 for index, field in enumerate(PROMETHEUS_COUNTERS)}
+    stat_logger.record(scheduler_stats(SpecExtendCounts(**values)), None, engine_idx=0)
+    assert specextend_samples() == {
+        (f"vllm:specextend_{field}", "0"): value for field, value in values.items()
+    }
+
+
 def test_the_stat_logger_does_nothing_for_an_engine_without_the_method(
     prometheus_registry: None,
 ) -> None:
