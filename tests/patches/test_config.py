@@ -37,12 +37,21 @@ def test_defaults() -> None:
     assert SpecExtendConfig(draft_prefill_window=None).prefill_window() is None
 
 
-def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> None:
+def test_valid_config_reaches_every_process(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """... and runs on the V1 model runner, even where vLLM would choose V2 (asked for by
+    the environment, read after the config is built: building it here refuses V2, which
+    needs Triton)."""
+    import vllm.envs
+
     vllm_config = build_engine_config(
         tiny_models["target"], specextend_config(tiny_models["draft_noisy"])
     )
     assert vllm_config.speculative_config.method == "draft_model"
     assert vllm_config.additional_config["specextend"]["chunk_size"] == METHOD_KEYS["chunk_size"]
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert vllm.envs.VLLM_USE_V2_MODEL_RUNNER is True
     assert vllm_config.use_v2_model_runner is False
 
 
@@ -70,6 +79,10 @@ def test_valid_config_reaches_every_process(tiny_models: dict[str, Path]) -> Non
         (
             {"chunk_size": 128, "token_budget": 64},
             r"\['token_budget'\] must be >= 128 \(the larger of the chunk size",
+        ),
+        (
+            {"chunk_size": 16, "token_budget": 16},
+            r"\['token_budget'\] must be >= 32 \(the larger of the chunk size",
         ),
         ({"drafting": "sometimes"}, r"\['drafting'\] must be one of \['auto', 'always'\]"),
         ({"draft_prefill": "later"}, r"\['draft_prefill'\] must be one of \['eager', 'deferred'\]"),
@@ -245,7 +258,20 @@ def test_trees_turn_async_scheduling_off_and_refuse_it_when_asked(
     config = specextend_config(
         tiny_models["draft_noisy"], tree=[[0], [1], [0, 0]], num_speculative_tokens=3
     )
-    assert build_engine_config(tiny_models["target"], config).scheduler_config.async_scheduling is False
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=str(tiny_models["target"]),
+        dtype="float32",
+        max_model_len=1024,
+        block_size=BLOCK_SIZE,
+        skip_tokenizer_init=True,
+        speculative_config=config,
+    )
+    # vLLM leaves async scheduling off on this CPU anyway: the trees' own setting is what
+    # shows they turn it off where vLLM would turn it on.
+    assert args.create_engine_config().scheduler_config.async_scheduling is False
+    assert args.async_scheduling is False
     with pytest.raises(ValueError, match=r"async_scheduling cannot be used with speculative_config\['tree'\]"):
         build_engine_config(tiny_models["target"], config, async_scheduling=True)
 
