@@ -225,23 +225,32 @@ def test_hybrid_verification_of_trees_masks_each_tree_by_its_ancestors() -> None
 
 def test_a_batch_with_prompt_chunks_recomputes_only_the_tree_requests() -> None:
     """Request 2 brings more tokens than a verification holds: the backend computes the
-    whole batch causally, then the tree requests' rows are computed again, masked."""
-    data = verification_batch("cpu_vec", seed=2)
+    whole batch causally, once, then the tree requests' rows are computed again, masked
+    (request 0 a star, request 3 a branching tree of 4 nodes; both differ from causal)."""
+    query_lens = [3, 1, 5, 4]
+    data = verification_batch("cpu_vec", seed=2, query_lens=query_lens)
     step, tree_masks = tree_step([0, 3])
     scale = HEAD_DIM**-0.5
     path = HybridVerificationAttention(
-        scale, max(QUERY_LENS) - 1, cpu_prefix_attention, tree_masks=SimpleNamespace(attention_step=lambda: step)
+        scale, max(query_lens) - 1, cpu_prefix_attention, tree_masks=SimpleNamespace(attention_step=lambda: step)
     )
     output = torch.zeros_like(data["query"])
     num_tokens = data["batch"].num_actual_tokens
+    backend_calls = []
 
     def backend() -> None:
+        backend_calls.append(True)
         output[:num_tokens] = causal_attention(data, scale)
 
     path(data["query"], data["key"], data["value"], data["raw"], data["batch"], output, backend)
+    assert len(backend_calls) == 1
     expected = causal_attention(data, scale, tree_masks)
     torch.testing.assert_close(output[:num_tokens], expected, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(expected, causal_attention(data, scale))
+    starts = [sum(query_lens[:request]) for request in range(len(query_lens) + 1)]
+    causal = causal_attention(data, scale)
+    for request in tree_masks:
+        rows = slice(starts[request], starts[request + 1])
+        assert not torch.allclose(expected[rows], causal[rows]), request
 
 
 def installed_vllm_source(relative: str) -> str | None:
