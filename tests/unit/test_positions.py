@@ -113,6 +113,6 @@ def test_working_copies_by_slot() -> None:
     copies = WorkingCopies(
         first_block=90, num_blocks=6, blocks_per_copy=3, device=torch.device("cpu")
     )
-    slots = torch.tensor([1, 0, 5])
-    assert copies.has_copy(slots).tolist() == [True, True, False]
+    slots = torch.tensor([1, 0, 2, 5])
+    assert copies.has_copy(slots).tolist() == [True, True, False, False]
     assert copies.block_ids(slots)[:2].tolist() == [[93, 94, 95], [90, 91, 92]]
