@@ -110,10 +110,13 @@ def test_state_slots_are_created_reset_and_freed() -> None:
 
 
 def test_kept_attention_share_counts_kept_chunks_among_candidates() -> None:
+    """Row 1's unused kept slot points past its candidates, row 2's at a candidate left
+    there by an earlier selection: neither counts."""
+    padded = [0.25, 0.25, 0.5, float("-inf"), float("-inf")]
     share = kept_attention_share(
-        torch.tensor([[0.1, 0.5, 0.2, 0.9, 0.3], [0.25, 0.25, 0.5, float("-inf"), float("-inf")]]),
-        torch.tensor([[1, 3], [2, 5]]),
-        torch.tensor([2, 1]),
-        torch.tensor([4, 3]),
+        torch.tensor([[0.1, 0.5, 0.2, 0.9, 0.3], padded, padded]),
+        torch.tensor([[1, 3], [2, 5], [2, 0]]),
+        torch.tensor([2, 1, 1]),
+        torch.tensor([4, 3, 3]),
     )
-    torch.testing.assert_close(share, torch.tensor([1.4 / 1.7, 0.5]))
+    torch.testing.assert_close(share, torch.tensor([1.4 / 1.7, 0.5, 0.5]))
