@@ -31,8 +31,12 @@ def test_a_request_lags_from_its_first_skipped_step_to_the_step_that_drafts() ->
 
 
 def test_requests_absent_from_a_drafting_step_keep_lagging() -> None:
+    """... whatever their blocks say (the blocks cleared here: a request's own lag is what
+    the proposer asks about before it skips catching up)."""
     lag = DraftLag(4, num_blocks=30, block_size=BLOCK_SIZE)
     lag.skipped(["a", "b"], step([10, 20]))
+    lag.missing_blocks[:] = False
+    assert lag.may_lag
     catch_up = lag.catch_up(["b"], step([22]))
     assert catch_up is not None and catch_up.rows.tolist() == [0]
     assert lag.may_lag
@@ -66,6 +70,12 @@ def test_new_requests_catch_up_from_their_own_first_flagged_cached_block() -> No
     lag.skipped(["d"], step([12]))
     catch_up = lag.catch_up(["d"], step([13]))
     assert catch_up is not None and catch_up.starts.tolist() == [12]
+    # e's first new token is position 13: block 3 (12-15) holds its cached position 12.
+    lag = DraftLag(4, num_blocks=30, block_size=BLOCK_SIZE)
+    lag.missing_blocks[3] = True
+    catch_up = lag.catch_up(["e"], step([13]))
+    assert catch_up is not None and catch_up.starts.tolist() == [12]
+    assert catch_up.lengths.tolist() == [1]
 
 
 def test_restarted_requests_lag_no_more_and_free_slots_are_reused() -> None:
