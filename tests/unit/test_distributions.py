@@ -5,6 +5,7 @@ of probability and accepts an unbiased one."""
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import chi2_contingency
 
 from tests.distributions import (
     NUM_SAMPLES,
@@ -53,5 +54,9 @@ def test_an_unbiased_sampler_is_accepted() -> None:
 
 
 def test_rare_tokens_are_pooled_and_identical_samples_agree() -> None:
-    sample = [1] * 500 + [2] * 300 + [3, 4, 5]
-    assert two_sample_p_value(sample, sample) == 1.0
+    """Ten rare tokens in each sample, none shared: one category of the test's table."""
+    first = [1] * 500 + [2] * 300 + list(range(10, 20))
+    second = [1] * 480 + [2] * 320 + list(range(20, 30))
+    pooled = chi2_contingency([[500, 300, 10], [480, 320, 10]]).pvalue
+    assert two_sample_p_value(first, second) == pooled
+    assert two_sample_p_value(first, first) == 1.0
