@@ -266,9 +266,10 @@ def test_pauses_of_the_process_do_not_turn_the_choice() -> None:
     """Drafting pays 1.3x (2.6 tokens in 0.26 s against 1 in 0.13 s) and one step in 10,
     of either choice, takes 10 times as long (the process paused); 20 seeds of 300 steps.
     Seen: drafting in 0.96 of the steps after measuring (explorations are the rest) in
-    every seed. With step times as a moving average: 0.50-0.90, median 0.78; as the
-    median of 8 steps (not the lower one): 0.74-0.80 in four seeds, where four paused
-    steps of eight made the median their mean."""
+    every seed. With step times as the mean of the last 8 steps: 0.87 in one seed. (The
+    plain median of 8 steps also keeps 0.96 here: four paused steps of eight, where it
+    takes their mean and the lower median does not, are rare at one step in ten;
+    `RecentMedian`'s doctest shows that case.)"""
     kept_drafting = []
     for seed in range(20):
         rng = random.Random(seed)
@@ -290,14 +291,15 @@ def test_explorations_of_a_losing_draft_cost_at_most_the_budget(
     drafting_s: float, plain_s: float, tokens: float
 ) -> None:
     """Once settled on not drafting, the steps that draft again to check it lose at most
-    about EXPLORATION_BUDGET of the time against plain decoding. `narrow_loss`: step times
-    of the demo on a CPU without int8 dot products (fp32 draft), drafts accepted with
+    EXPLORATION_BUDGET of the time against plain decoding. `narrow_loss`: step times of
+    the demo on a CPU without int8 dot products (fp32 draft), drafts accepted with
     probability 0.5: one draft a step, the best number, gives 1.77 tokens/s against 1.94
-    plain; `never_accepted`: a draft whose tokens are all rejected."""
+    plain; `never_accepted`: a draft whose tokens are all rejected. Seen: 0.015 and 0.026;
+    with the periods only doubling (no budgeted period), 0.015 and 0.034."""
     chooser = DraftLengthChooser(K, max_batch_size=1)
     steps = run(chooser, 1, 1000, drafting_s, plain_s, tokens)
     settled = Steps(steps.drafts[64:], steps.seconds[64:], steps.tokens[64:])
-    assert settled.slowdown() <= 1.2 * EXPLORATION_BUDGET
+    assert settled.slowdown() <= EXPLORATION_BUDGET
 
 
 @pytest.mark.parametrize("chooses_length", [True, False], ids=["chain", "tree"])
