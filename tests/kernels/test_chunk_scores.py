@@ -179,9 +179,14 @@ def test_kernel_rejects_malformed_inputs(
         ops.chunk_scores(**args)
 
 
-def test_op_registration_and_fake_kernel() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_registration_and_fake_kernel(dtype: torch.dtype) -> None:
+    """The fake kernel's outputs are the kernel's: float32 whatever the inputs' dtype."""
     batch = make_paged_batch([40, 7], 4, 2, 16, "flash_attn")
     torch.library.opcheck(
         torch.ops.specextend.chunk_scores.default,
-        (batch.query, batch.key_cache, batch.block_table, batch.context_lens, 16, batch.scale, 3),
+        (
+            batch.query.to(dtype), batch.key_cache.to(dtype), batch.block_table,
+            batch.context_lens, 16, batch.scale, 3,
+        ),
     )

@@ -325,6 +325,12 @@ def test_kernel_rejects_malformed_inputs(
         ops.paged_prefix_attention(**args)
 
 
-def test_op_registration_and_fake_kernel() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_registration_and_fake_kernel(dtype: torch.dtype) -> None:
+    """The fake kernel's outputs are the kernel's: float32 whatever the inputs' dtype."""
     batch = make_prefix_batch([40, 7, 0], [3, 1, 2], 4, 2, 16, "cpu_vec", num_padding_rows=1)
-    torch.library.opcheck(torch.ops.specextend.paged_prefix_attention.default, batch.args())
+    args = tuple(
+        arg.to(dtype) if isinstance(arg, torch.Tensor) and arg.is_floating_point() else arg
+        for arg in batch.args()
+    )
+    torch.library.opcheck(torch.ops.specextend.paged_prefix_attention.default, args)

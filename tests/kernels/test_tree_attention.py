@@ -150,8 +150,10 @@ def test_kernel_rejects_malformed_inputs(change, message: str) -> None:
         torch.ops.specextend.tree_attention(*args)
 
 
-def test_op_registration_and_fake_kernel() -> None:
-    query, key, value, query_start_loc, mask = random_case([3, 4], torch.float32, seed=4)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_registration_and_fake_kernel(dtype: torch.dtype) -> None:
+    """The fake kernel's outputs are the kernel's: float32 whatever the inputs' dtype."""
+    query, key, value, query_start_loc, mask = random_case([3, 4], dtype, seed=4)
     for ancestor_mask in (None, mask):
         torch.library.opcheck(
             torch.ops.specextend.tree_attention.default,
