@@ -98,7 +98,9 @@ def random_case(
     query_lens: list[int], dtype: torch.dtype, seed: int, num_padding_rows: int = 2
 ) -> tuple[torch.Tensor, ...]:
     """query [T, 12, 128], key and value [T, 2, 128] in `dtype`, query_start_loc int32 and a
-    random tree mask per request, whose row 1 (where there is one) allows nothing."""
+    random tree mask per request, whose row 1 (where there is one) allows nothing; the
+    mask is True past each request's nodes (a request attends only to its own tokens,
+    whatever the padding of its mask holds)."""
     generator = torch.Generator().manual_seed(seed)
     total, longest = sum(query_lens), max(query_lens)
     num_rows = total + num_padding_rows
@@ -106,11 +108,11 @@ def random_case(
     key = torch.randn(num_rows, 2, 128, generator=generator).to(dtype)
     value = torch.randn(num_rows, 2, 128, generator=generator).to(dtype)
     query_start_loc = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
-    mask = torch.zeros(len(query_lens), longest + 1, longest + 1, dtype=torch.bool)
+    mask = torch.ones(len(query_lens), longest + 1, longest + 1, dtype=torch.bool)
     for request, length in enumerate(query_lens):
         mask[request, :length, :length] = random_tree_mask(length, generator)
         if length > 1:
-            mask[request, 1] = False
+            mask[request, 1, :length] = False
     return query, key, value, query_start_loc, mask
 
 
@@ -198,6 +200,20 @@ def test_reference_output_shapes_follow_from_input_shapes_alone() -> None:
             query, key, value, query_start_loc, max(query_lens), 0.088, mask
         )
     assert output.shape == query.shape and lse.shape == (query.shape[1], query.shape[0])
+
+
+def test_reference_keeps_every_tensor_on_its_inputs_device() -> None:
+    """On a GPU the reference runs on CUDA tensors: a tensor it made without the inputs'
+    device would be on the CPU there and fail. Meta tensors stand in for CUDA ones (a CPU
+    tensor meeting them fails the same way)."""
+    query_lens = [5, 17, 1, 3]
+    query, key, value, query_start_loc, mask = (
+        t.to("meta") for t in random_case(query_lens, torch.float32, seed=3)
+    )
+    output, lse = tree_attention_reference(
+        query, key, value, query_start_loc, max(query_lens), 0.088, mask
+    )
+    assert output.device.type == lse.device.type == "meta"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
