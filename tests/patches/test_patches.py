@@ -73,6 +73,25 @@ def test_a_missing_target_fails_naming_it() -> None:
     assert not NeedsRenamedMethod.is_applied()
 
 
+def test_a_target_moved_to_a_base_class_fails_naming_it() -> None:
+    """A method vLLM moved to a base class is still reachable on the target, but not the
+    target's own (the patch keeps the target's own as its original): refused by name."""
+
+    class Base:
+        def method_that_moved(self) -> None: ...
+
+    class Moved(Base):
+        pass
+
+    class NeedsOwnMethod(VllmPatch):
+        target = Moved
+        attribute = "method_that_moved"
+
+    with pytest.raises(PatchTargetMissing, match="Moved.method_that_moved.*does not exist"):
+        NeedsOwnMethod.apply()
+    assert not NeedsOwnMethod.is_applied()
+
+
 @pytest.mark.parametrize("overrides", OVERRIDES, ids=lambda overrides: overrides.__name__)
 def test_every_overridden_method_is_declared(overrides: type[VllmOverrides]) -> None:
     """A method the subclass defines and its vLLM base has is an override: an undeclared
