@@ -122,12 +122,13 @@ def test_a_step_runs_every_layer_one_way_and_is_timed_over_all_layers() -> None:
 def test_plain_decoding_steps_choose_on_their_own_between_the_kernel_and_vllms() -> None:
     """Verification steps and plain decoding steps (one token a request) alternate in the
     same context bucket: hybrid verification takes 4 ms a layer against vLLM's 1 ms, the
-    kernel's decoding 1 ms against vLLM's 3 ms. Each kind keeps its own faster way."""
+    kernel's decoding 1 ms against vLLM's 3 ms. Each kind keeps its own faster way (the
+    verification steps verify one draft: two tokens a request, the fewest that verify)."""
     clock = FakeClock()
     layers, verification_step, decoding_step, calls = measured_layers(
         clock, 2, verify_s=0.004, decode_s=0.001
     )
-    verifying = SimpleNamespace(seq_lens=torch.tensor([3000]), max_query_len=5)
+    verifying = SimpleNamespace(seq_lens=torch.tensor([3000]), max_query_len=2)
     decoding = SimpleNamespace(seq_lens=torch.tensor([3000]), max_query_len=1)
     tensor = torch.zeros(1)
     steps = 3 * MEASURING_STEPS
