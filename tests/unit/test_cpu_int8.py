@@ -39,7 +39,13 @@ def test_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "warns"),
-    [(ZEN3_FLAGS, True), (ZEN3_FLAGS + " avx512f avx512_vnni", False), (ZEN3_FLAGS + " amx_int8", False), (None, False)],
+    [
+        (ZEN3_FLAGS, True),
+        (ZEN3_FLAGS + " avx512f avx512_vnni", False),
+        (ZEN3_FLAGS + " avx_vnni", False),  # Alder Lake and later without AVX-512
+        (ZEN3_FLAGS + " amx_int8", False),
+        (None, False),
+    ],
 )
 def test_warns_once_where_int8_has_no_dot_products(
     monkeypatch: pytest.MonkeyPatch, flags: str | None, warns: bool
