@@ -94,14 +94,18 @@ def test_rotate_keys_reads_strided_cache_views() -> None:
     torch.testing.assert_close(cpu_vec_key_cache_view(raw_cache)[blocks, offsets], expected)
 
 
-def test_draft_rotary_table_extends_past_the_trained_length() -> None:
-    rope = vllm_rope(True, max_positions=256)
+@pytest.mark.parametrize("is_neox_style", [True, False])
+def test_draft_rotary_table_extends_past_the_trained_length(is_neox_style: bool) -> None:
+    """... and the rotation the working copies re-rotate with is the draft's: its table,
+    its rotary dimension (half the head here) and its layout."""
+    rope = vllm_rope(is_neox_style, rotary_dim=HEAD_DIM // 2, max_positions=256)
     model = torch.nn.ModuleDict({"rotary": rope})
     rotation = extend_draft_rotary_table(model, 1024)
     assert rotation is not None and rope.cos_sin_cache.shape[0] == 1024
-    reference = vllm_rope(True, max_positions=1024)._compute_cos_sin_cache()
+    reference = vllm_rope(is_neox_style, HEAD_DIM // 2, max_positions=1024)._compute_cos_sin_cache()
     torch.testing.assert_close(rope.cos_sin_cache, reference)
     torch.testing.assert_close(rotation.cos_sin, reference)
+    assert (rotation.rotary_dim, rotation.is_neox_style) == (HEAD_DIM // 2, is_neox_style)
 
 
 def test_reserved_blocks_stay_within_a_quarter_of_the_cache() -> None:
