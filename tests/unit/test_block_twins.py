@@ -49,3 +49,11 @@ def test_twins_that_are_not_the_blocks_the_step_computes_copy_nothing() -> None:
     step = StepTokens(np.array([8]), np.array([8]), TABLE[:1])
     stale = {"a": BlockTwins((1,), (0,))}  # the scheduler's twins of another step
     assert twin_copies(["a"], stale, step, BLOCK_SIZE, KERNEL_BLOCKS_PER_BLOCK) is None
+
+
+def test_twins_the_step_writes_copy_nothing() -> None:
+    """a's twin of its block 3 is block 4, which b computes in the same step: its draft KV
+    is not written yet when the copy would run."""
+    step = StepTokens(np.array([8, 0]), np.array([8, 16]), TABLE)
+    written_by_b = {"a": BlockTwins((3,), (4,))}
+    assert twin_copies(["a", "b"], written_by_b, step, BLOCK_SIZE, KERNEL_BLOCKS_PER_BLOCK) is None
