@@ -22,9 +22,15 @@ BLOCK_SIZE = 16
 value_view = kv_cache_layout.value_cache_view
 
 
+def has_vllm_cpu_cache_op() -> bool:
+    """Whether vLLM's CPU build is installed (its ops load with `vllm._custom_ops`)."""
+    import vllm._custom_ops  # noqa: F401
+
+    return hasattr(torch.ops._C, "cpu_attn_reshape_and_cache")
+
+
 @pytest.mark.skipif(
-    not hasattr(torch.ops._C, "cpu_attn_reshape_and_cache"),
-    reason="vLLM's CPU cache op is in its CPU build only",
+    not has_vllm_cpu_cache_op(), reason="vLLM's CPU cache op is in its CPU build only"
 )
 def test_views_read_what_vllms_cpu_cache_op_writes() -> None:
     from vllm import _custom_ops as vllm_ops
