@@ -60,36 +60,32 @@ def test_applying_a_patch_twice_is_harmless(name: str) -> None:
     assert patch.adds or original is not None
 
 
-def test_a_missing_target_fails_naming_it() -> None:
-    class Renamed:
-        pass
+class BaseOfMoved:
+    def method_that_moved(self) -> None: ...
 
-    class NeedsRenamedMethod(VllmPatch):
-        target = Renamed
+
+class Moved(BaseOfMoved):
+    pass
+
+
+class Renamed:
+    pass
+
+
+@pytest.mark.parametrize("target", [Renamed, Moved], ids=["renamed", "moved_to_a_base_class"])
+def test_a_missing_target_fails_naming_it(target: type) -> None:
+    """A method vLLM renamed, or moved to a base class (still reachable on the target, but
+    not the target's own, which the patch keeps as its original): refused by name."""
+
+    class NeedsMethod(VllmPatch):
         attribute = "method_that_moved"
 
-    with pytest.raises(PatchTargetMissing, match="Renamed.method_that_moved.*does not exist"):
-        NeedsRenamedMethod.apply()
-    assert not NeedsRenamedMethod.is_applied()
-
-
-def test_a_target_moved_to_a_base_class_fails_naming_it() -> None:
-    """A method vLLM moved to a base class is still reachable on the target, but not the
-    target's own (the patch keeps the target's own as its original): refused by name."""
-
-    class Base:
-        def method_that_moved(self) -> None: ...
-
-    class Moved(Base):
-        pass
-
-    class NeedsOwnMethod(VllmPatch):
-        target = Moved
-        attribute = "method_that_moved"
-
-    with pytest.raises(PatchTargetMissing, match="Moved.method_that_moved.*does not exist"):
-        NeedsOwnMethod.apply()
-    assert not NeedsOwnMethod.is_applied()
+    NeedsMethod.target = target
+    with pytest.raises(
+        PatchTargetMissing, match=f"{target.__name__}.method_that_moved.*does not exist"
+    ):
+        NeedsMethod.apply()
+    assert not NeedsMethod.is_applied()
 
 
 @pytest.mark.parametrize("overrides", OVERRIDES, ids=lambda overrides: overrides.__name__)
