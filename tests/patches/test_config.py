@@ -12,10 +12,10 @@ from specextend_vllm.config import SpecExtendConfig
 from tests.harness import BLOCK_SIZE, METHOD_KEYS, specextend_config
 
 
-def build_engine_config(model: Path, speculative_config: dict[str, Any], **overrides: Any) -> Any:
+def engine_args(model: Path, speculative_config: dict[str, Any], **overrides: Any) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
-    args = EngineArgs(
+    return EngineArgs(
         model=str(model),
         dtype="float32",
         max_model_len=1024,
@@ -24,7 +24,10 @@ def build_engine_config(model: Path, speculative_config: dict[str, Any], **overr
         speculative_config=speculative_config,
         **overrides,
     )
-    return args.create_engine_config()
+
+
+def build_engine_config(model: Path, speculative_config: dict[str, Any], **overrides: Any) -> Any:
+    return engine_args(model, speculative_config, **overrides).create_engine_config()
 
 
 def test_defaults() -> None:
@@ -258,16 +261,7 @@ def test_trees_turn_async_scheduling_off_and_refuse_it_when_asked(
     config = specextend_config(
         tiny_models["draft_noisy"], tree=[[0], [1], [0, 0]], num_speculative_tokens=3
     )
-    from vllm.engine.arg_utils import EngineArgs
-
-    args = EngineArgs(
-        model=str(tiny_models["target"]),
-        dtype="float32",
-        max_model_len=1024,
-        block_size=BLOCK_SIZE,
-        skip_tokenizer_init=True,
-        speculative_config=config,
-    )
+    args = engine_args(tiny_models["target"], config)
     # vLLM leaves async scheduling off on this CPU anyway: the trees' own setting is what
     # shows they turn it off where vLLM would turn it on.
     assert args.create_engine_config().scheduler_config.async_scheduling is False
