@@ -35,9 +35,9 @@ and keeps a preference, for its own number of drafts:
 When each number of drafts measured and explored the two ways on its own schedule, in
 `benchmarks.retrieval_choice_simulation` a reduced cache twice as fast kept 0.79 of its
 rate over 99 steps of 1 to 4 drafts (the median of 40 seeds), each number measuring the
-slower cache for 8 steps; now 0.92. What the bucket's one schedule costs: a number of drafts whose deeper drafts the
-way not kept has measured in few steps compares on its few steps' acceptance, with their
-noise, until an exploration at that number measures more.
+slower cache for 8 steps; now 0.92. What the bucket's one schedule costs: a number of
+drafts whose deeper drafts the way not kept has measured in few steps compares on its few
+steps' acceptance, with their noise, until an exploration at that number measures more.
 """
 
 from __future__ import annotations
