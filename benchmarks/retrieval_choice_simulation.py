@@ -4,7 +4,8 @@ better or worse, one text after another, as one engine of the speed suite meets 
 Engine runs on 2 cores move by more than the few percent a change of the chooser makes,
 so this replays the package's `RetrievalChooser` on a simulated machine instead. A
 workload is a sequence of texts in one bucket of context lengths; each text is decoded
-`--decodes` times in a row, `--steps` steps each. Each draft is accepted with the text's
+`--decodes` times in a row, `--steps` steps each, one request at a time (each decode a new
+batch to the chooser). Each draft is accepted with the text's
 probability on the full cache and on the reduced one once those before it were; a step of
 j drafts takes `1 + 0.2 j` plain steps on the full cache and `time_ratio` times that on
 the reduced one, with a 5% noise, and each decode's steps take a factor from
@@ -64,6 +65,7 @@ WORKLOADS = {
     "essays then fiction, 4K": (ESSAYS_4K, FICTION_4K),
     "fiction then essays, 4K": (FICTION_4K, ESSAYS_4K),
     "essays then fiction, 8K": (ESSAYS_8K, FICTION_8K),
+    "essays and fiction by turns, 4K": (ESSAYS_4K, FICTION_4K) * 3,
     "one text, 2x": (TWICE_AS_FAST,),
     "one text, 1.25x": (QUARTER_FASTER,),
 }
@@ -106,6 +108,8 @@ def replay(
         reduced_steps = 0
         speeds = [1.0 + drift * rng.uniform(-1.0, 1.0) for _ in range(decodes)]
         for index, num_drafts in enumerate(drafting_lengths(rng, decodes * steps)):
+            if index % steps == 0:
+                chooser.new_batch(BUCKET)
             reduced = chooser.reduces(BUCKET, num_drafts)
             acceptance = text.reduced_acceptance if reduced else text.full_acceptance
             accepted = 0

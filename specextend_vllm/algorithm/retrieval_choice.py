@@ -32,6 +32,16 @@ and keeps a preference, for its own number of drafts:
   measured 18% faster (363 against 442 ms) where the decodes held on either cache spent
   the same time in the target's forward.
 
+A new text may be served better by the other way: each way's acceptance is a long average,
+and the way not kept is measured only while exploring. Where a batch's requests are all
+new (a request decoding alone after another, as in the speed suite) and the kept way wins
+by less than `exploration.NARROW_WIN`, the other way is explored then, for 16 steps, if
+the steps since the last exploration are as many as the budget asks of a scheduled one of
+8 (`Exploration.explore_early`; these may lose up to twice the budget, at changes of batch
+only): in `benchmarks.retrieval_choice_simulation`, 4K fiction after essays (the reduced
+cache accepting 0.55 where the full one accepts 0.72, each step 0.97x as long) kept 0.91
+of the better cache's rate over its first 99 steps, where it kept 0.88 without.
+
 When each number of drafts measured and explored the two ways on its own schedule, in
 `benchmarks.retrieval_choice_simulation` a reduced cache twice as fast kept 0.79 of its
 rate over 99 steps of 1 to 4 drafts (the median of 40 seeds), each number measuring the
@@ -72,6 +82,10 @@ TOKENS_SMOOTHING = 0.02
 # Steps measured with each choice before comparing them, and per exploration.
 MIN_SAMPLES = 8
 EXPLORATION_STEPS = 8
+# An exploration at a new batch of requests, where a choice wins narrowly: tokens per step
+# vary from 1 to k + 1, and 8 steps of a new text seldom tell two ways apart by more than
+# their noise.
+NEW_BATCH_EXPLORATION_STEPS = 2 * EXPLORATION_STEPS
 # Before the first comparison the two choices take turns of this many measured steps, so
 # that both sample the same stretches of the output (acceptance differs between the start
 # of an answer and its middle more than between the two choices); a turn on the reduced
@@ -229,6 +243,10 @@ class BucketChoice:
             return measuring_uses_second(*self.steps, MIN_SAMPLES, MEASURING_TURN)
         return self.preference(num_drafts) != self.exploration.exploring
 
+    def new_batch(self) -> None:
+        """The batch's requests are all new to it: a narrow choice is explored early."""
+        self.exploration.explore_early(NEW_BATCH_EXPLORATION_STEPS, EXPLORATION_STEPS)
+
     def tokens_estimates(self, num_drafts: int) -> tuple[TokensEstimate, TokensEstimate]:
         """Tokens per step of `num_drafts` drafts on the full cache and on the reduced one."""
         full, reduced = self.acceptance
@@ -305,6 +323,11 @@ class RetrievalChooser:
         tokens.index_add_(0, buckets[eligible], context_lens[eligible].long())
         most_tokens, bucket = torch.stack(tokens.max(0)).tolist()
         return bucket if most_tokens > 0 else -1
+
+    def new_batch(self, bucket_index: int) -> None:
+        """A batch whose bucket is `bucket_index` holds none of the previous batch's
+        requests."""
+        self.bucket(bucket_index).new_batch()
 
     def reduces(self, bucket_index: int, num_drafts: int) -> bool:
         """Whether the requests of a batch whose bucket is `bucket_index` draft their

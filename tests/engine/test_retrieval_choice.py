@@ -39,6 +39,22 @@ def slow_down_full_cache_drafts(worker: Any) -> None:
     planner.lay_out = lay_out_slowly
 
 
+def count_new_batches(worker: Any) -> None:
+    chooser = worker.model_runner.drafter.planner.chooser
+    new_batch = chooser.new_batch
+    chooser.new_batches = 0
+
+    def counting_new_batch(bucket_index: int) -> None:
+        chooser.new_batches += 1
+        new_batch(bucket_index)
+
+    chooser.new_batch = counting_new_batch
+
+
+def new_batches(worker: Any) -> int:
+    return worker.model_runner.drafter.planner.chooser.new_batches
+
+
 def draft_steps(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, int]:
     return (
         after["reduced_draft_steps"] - before["reduced_draft_steps"],
@@ -58,7 +74,8 @@ def test_auto_retrieval_keeps_the_faster_cache_losslessly(tiny_models: dict[str,
     full cache once measured, it fails. Then a batch of two requests in two buckets, measured afresh:
     it follows the bucket holding most of its context and measures it, so it reaches the
     reduced cache's turn (seen: 83 reduced steps; a chooser that measured only batches
-    within one bucket left that batch on the full cache, 0)."""
+    within one bucket left that batch on the full cache, 0). Each request of a phase is a
+    new batch to the chooser, once (`RetrievalChooser.new_batch`)."""
     target = tiny_models["target"]
     *plain, plain_shorter = decode(target, [*PROMPTS, SHORTER_PROMPT], OUTPUT_TOKENS).outputs
     config = specextend_config(target, retrieval="auto", policy="streaming")
@@ -69,10 +86,13 @@ def test_auto_retrieval_keeps_the_faster_cache_losslessly(tiny_models: dict[str,
             if slow_full_cache:
                 reconfigure(llm, retrieval="auto")
                 llm.collective_rpc(slow_down_full_cache_drafts)
+            llm.collective_rpc(count_new_batches)
             before = retrieval_stats(llm)[0]
             for prompt, expected in zip(PROMPTS, plain):
                 assert generate_ids(llm, [prompt], OUTPUT_TOKENS) == [expected]
             after = retrieval_stats(llm)[0]
+            # Each request, alone in its batch, is a new batch to the chooser once.
+            assert llm.collective_rpc(new_batches) == [len(PROMPTS)]
             phases.append((*draft_steps(before, after), after))
         reconfigure(llm, retrieval="auto")
         before = retrieval_stats(llm)[0]
