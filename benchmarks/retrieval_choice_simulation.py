@@ -19,7 +19,7 @@ step's number of drafts (1.0: never a step on the worse one), median and 10th pe
 over seeds, and the share of steps on the reduced cache.
 
     python -m benchmarks.retrieval_choice_simulation [--seeds 40] [--decodes 3]
-        [--steps 33] [--drift 0.1] [--output retrieval_choice_simulation]
+        [--steps 33] [--drift 0.1] [--without-new-batches] [--output retrieval_choice_simulation]
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def replay(
     decodes: int,
     steps: int,
     drift: float = 0.0,
+    new_batches: bool = True,
 ) -> list[dict[str, float]]:
     """Per text: the chooser's expected tokens per second over the better cache's, and its
     share of steps on the reduced cache."""
@@ -108,7 +109,7 @@ def replay(
         reduced_steps = 0
         speeds = [1.0 + drift * rng.uniform(-1.0, 1.0) for _ in range(decodes)]
         for index, num_drafts in enumerate(drafting_lengths(rng, decodes * steps)):
-            if index % steps == 0:
+            if new_batches and index % steps == 0:
                 chooser.new_batch(BUCKET)
             reduced = chooser.reduces(BUCKET, num_drafts)
             acceptance = text.reduced_acceptance if reduced else text.full_acceptance
@@ -145,9 +146,19 @@ def main() -> None:
     parser.add_argument(
         "--drift", type=float, default=0.1, help="each decode's steps take 1 +- this at most"
     )
+    parser.add_argument(
+        "--without-new-batches",
+        action="store_true",
+        help="the chooser is not told of new batches (as before it explored at them)",
+    )
     parser.add_argument("--output", default="retrieval_choice_simulation")
     args = parser.parse_args()
-    lengths = {"decodes": args.decodes, "steps": args.steps, "drift": args.drift}
+    lengths = {
+        "decodes": args.decodes,
+        "steps": args.steps,
+        "drift": args.drift,
+        "new_batches": not args.without_new_batches,
+    }
     results: dict[str, Any] = {}
     print("| workload | text | of the better cache (10th percentile) | reduced share |")
     print("|---|---|---|---|")
