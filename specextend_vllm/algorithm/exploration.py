@@ -205,7 +205,6 @@ class Exploration:
                 self.exploring_for = steps_to_explore
                 self.steps_since = 0
 
-
     def explore_early(self, steps_to_explore: int, budgeted_steps: int) -> None:
         """Explores now, for `steps_to_explore` steps, where the kept choice wins by less
         than NARROW_WIN and the steps since the last exploration are as many as the budget
@@ -216,7 +215,7 @@ class Exploration:
 
         A choice winning 1.05x, the other way's steps giving the same tokens: 8 steps of it
         lose 0.4 kept steps, the budget's share of 14. After two explorations of 8 steps the
-        schedule waits 32 steps; a change 10 steps into them is not explored early, one 20
+        schedule waits 32 steps; a change 11 steps into them is not explored early, one 21
         steps into them is:
 
         >>> exploration = Exploration()
