@@ -325,8 +325,8 @@ class RetrievalChooser:
         return bucket if most_tokens > 0 else -1
 
     def new_batch(self, bucket_index: int) -> None:
-        """A batch whose bucket is `bucket_index` holds none of the previous batch's
-        requests."""
+        """A batch whose bucket is `bucket_index` holds only requests new to the
+        planner."""
         self.bucket(bucket_index).new_batch()
 
     def reduces(self, bucket_index: int, num_drafts: int) -> bool:

@@ -33,6 +33,8 @@ class RetrievalState:
         self.selected_share = torch.zeros(max_requests, dtype=torch.float32, device=device)
         self.drafted_reduced = torch.zeros(max_requests, dtype=torch.bool, device=device)
         self._request_slots = RequestSlots(max_requests)
+        # Requests the last `slots` call gave a slot for the first time.
+        self.num_new_requests = 0
 
     @property
     def request_ids(self) -> KeysView[str]:
@@ -46,6 +48,7 @@ class RetrievalState:
     def slots(self, request_ids: list[str]) -> torch.Tensor:
         """Slot of each request, creating empty ones for requests not seen before."""
         slots, new_slots = self._request_slots.assign(request_ids)
+        self.num_new_requests = len(new_slots)
         if new_slots:
             self.steps_since_selection[new_slots] = -1
             self.drafted_reduced[new_slots] = False

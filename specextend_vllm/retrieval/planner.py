@@ -98,7 +98,6 @@ class RetrievalPlanner:
         self.state = self._new_state()
         self.chooser = self._new_chooser()
         self._measured_step: MeasuredStep | None = None
-        self._previous_request_ids: frozenset[str] = frozenset()
         self._reduced_block_table: torch.Tensor | None = None
 
     def _new_state(self) -> RetrievalState:
@@ -152,9 +151,8 @@ class RetrievalPlanner:
         if self.chooser is not None:
             self._complete_measurement(step, request_ids, started_s)
             batch_bucket = self.chooser.batch_bucket(step.context_lens)
-            if batch_bucket >= 0 and self._previous_request_ids.isdisjoint(request_ids):
+            if batch_bucket >= 0 and self.state.num_new_requests == len(request_ids):
                 self.chooser.new_batch(batch_bucket)
-            self._previous_request_ids = frozenset(request_ids)
             if batch_bucket < 0 or not self.chooser.reduces(batch_bucket, num_speculative_tokens):
                 self.state.forget_selections(step.slots[eligible])
                 eligible = torch.zeros_like(eligible)
