@@ -123,7 +123,12 @@ def test_drafts_shorter_than_num_speculative_tokens_are_lossless(
 
 
 # Sleeps added to each forward pass: a plain step then takes about SLOW_TARGET_S, a step
-# of NUM_SPECULATIVE_TOKENS drafts SLOW_TARGET_S plus one draft pass per draft.
+# of NUM_SPECULATIVE_TOKENS drafts SLOW_TARGET_S plus one draft pass per draft. These and
+# the two tests that use them expect a machine doing nothing else: on one also running
+# other work, the tiny models' own work grows several times over while the sleeps do not
+# (there a fresh batch measured drafting in 0-65% of its first answers' steps, and the
+# batch beside the unrelated draft, whose catch-up of the batch's prompts grew past a tenth
+# of its plain steps left, never measured drafting).
 SLOW_TARGET_S = 0.02
 SLOW_DRAFT_PASS_S = 0.06
 # A draft pass of the tiny models costs little next to the timing noise of a loaded
@@ -223,9 +228,14 @@ def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_rec
     assert recovered[-1] >= 0.5
 
 
-# Each draft pass over a prompt sleeps this long: a few hundred prompt tokens then cost the
-# draft about as much as 25 plain steps of the slowed target.
-PROMPT_PASS_S = 0.5
+# The target's forward sleeps this long, each draft pass over a prompt PROMPT_PASS_S: the
+# pair of 220 prompt tokens then costs the draft about as much as 10 plain steps, between
+# the 4 that the first pair may spend measuring and the 25 that the pair answered in 256
+# tokens may. Sleeps, not the tiny models' own work, must set those steps' times: on a
+# machine also running other work a step's own cost grew to 0.1 s, and with a 0.02 s target
+# and 0.5 s passes the first pair measured drafting there.
+PROMPT_WORK_TARGET_S = 0.1
+PROMPT_PASS_S = 1.25
 
 
 def slow_prompt_passes(worker: Any, seconds: float) -> None:
@@ -247,12 +257,12 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
     tiny_models: dict[str, Path],
 ) -> None:
     """The target drafting for itself on the full cache (every draft accepted), its forward
-    slowed to SLOW_TARGET_S, each draft pass over a prompt to PROMPT_PASS_S. A fresh
+    slowed to PROMPT_WORK_TARGET_S, each draft pass over a prompt to PROMPT_PASS_S. A fresh
     engine's first pair of prompts, answered in 6 tokens: no prompt token has a price yet,
     so the pair does not draft, the draft prices prompt tokens in a pass of its own and
     never runs over those prompts. Two prompts answered in 256 tokens measure drafting in
     pairs (their catch-up costs less than a tenth of the plain steps left) and draft. Two new
-    prompts answered in 6 tokens would save about 0.1 s by drafting, less than the draft's
+    prompts answered in 6 tokens would save about 0.4 s by drafting, less than the draft's
     pass over their prompts costs: no drafts, and the draft never runs over those prompts.
     Four new prompts answered in 6 tokens come in a batch size not measured yet, whose
     measuring would catch up more than a few plain steps' worth: no drafts either. Two new
@@ -291,7 +301,9 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
     def run(llm: Any) -> list[tuple[dict[str, float], dict[str, Any]]]:
         from vllm import SamplingParams
 
-        llm.collective_rpc(functools.partial(slow_down, drafter=False, seconds=SLOW_TARGET_S))
+        llm.collective_rpc(
+            functools.partial(slow_down, drafter=False, seconds=PROMPT_WORK_TARGET_S)
+        )
         llm.collective_rpc(functools.partial(slow_prompt_passes, seconds=PROMPT_PASS_S))
         after: list[tuple[dict[str, float], dict[str, Any]]] = []
 
