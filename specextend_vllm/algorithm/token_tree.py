@@ -84,10 +84,6 @@ class TokenTree:
             ranks=(0, *(key[-1] for key in ordered)),
         )
 
-    @classmethod
-    def chain(cls, length: int) -> TokenTree:
-        return cls.from_paths([[0] * depth for depth in range(1, length + 1)])
-
     @property
     def num_drafts(self) -> int:
         return len(self.parents) - 1
@@ -103,10 +99,7 @@ class TokenTree:
     def max_depth(self) -> int:
         return max(self.depths)
 
-    def is_chain(self) -> bool:
-        return all(parent == node - 1 for node, parent in enumerate(self.parents[1:], 1))
-
-    def ancestors_by_depth(self, device: torch.device | str = "cpu") -> torch.Tensor:
+    def ancestors_by_depth(self) -> torch.Tensor:
         """[N + 1, max_depth + 1] long: column d holds node i's ancestor at depth d (node i
         itself at its own depth), -1 past its depth."""
         table = torch.full((len(self.parents), self.max_depth + 1), -1, dtype=torch.long)
@@ -115,7 +108,7 @@ class TokenTree:
             while ancestor >= 0:
                 table[node, self.depths[ancestor]] = ancestor
                 ancestor = self.parents[ancestor]
-        return table.to(device)
+        return table
 
     def ancestor_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """[N + 1, N + 1] bool: node i attends to node j where True (j an ancestor of i,

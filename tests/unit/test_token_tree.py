@@ -57,11 +57,10 @@ def test_topology_of_a_small_tree():
     expansions = tree.expansions()
     assert [e.nodes.tolist() for e in expansions] == [[0], [1]]
     assert [e.child_of_rank.tolist() for e in expansions] == [[[1, 2]], [[3]]]
-    assert not tree.is_chain() and TokenTree.chain(3).is_chain()
 
 
 def test_chain_mask_is_causal():
-    assert torch.equal(TokenTree.chain(4).ancestor_mask(), torch.ones(5, 5).tril().bool())
+    assert torch.equal(TokenTree.from_paths([[0] * depth for depth in range(1, 5)]).ancestor_mask(), torch.ones(5, 5).tril().bool())
 
 
 @pytest.mark.parametrize(
@@ -126,7 +125,7 @@ def test_acceptance_matches_brute_force_on_random_trees(seed):
 
 
 def test_a_chain_shaped_tree_accepts_as_the_chain_does():
-    tree = TokenTree.chain(4)
+    tree = TokenTree.from_paths([[0] * depth for depth in range(1, 5)])
     drafts = torch.tensor([[0, 3, 4, 5, 6], [0, 3, 4, 5, 6]])
     choices = torch.tensor([[3, 4, 9, 0, 0], [3, 4, 5, 6, 7]])
     paths = accept_paths(
