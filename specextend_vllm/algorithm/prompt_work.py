@@ -30,9 +30,12 @@ again), which no count of one request's tokens foresees.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+
+import numpy as np
 
 from specextend_vllm.algorithm.answer_length import AnswerLengths
+from specextend_vllm.algorithm.request_slots import RequestSlots
 
 # Batches from this size weigh the draft's pending prompt work.
 MIN_BATCH_SIZE = 2
@@ -81,48 +84,51 @@ class MissingDraftTokens:
     """Per request, the tokens of its steps that ran without the draft, whose draft KV a
     catch-up pass writes before it drafts again: the scheduler's account of what the
     worker's `DraftLag` holds (cached prompt blocks the draft never wrote are not seen
-    here; they only make the estimate low).
+    here; they only make the estimate low). Held per request slot
+    (`algorithm.request_slots`), so that a step reads and writes them as arrays.
 
-    >>> missing = MissingDraftTokens()
-    >>> missing.step({"a": 300, "b": 1}, drafts=False)
-    >>> missing.step({"a": 1, "b": 1}, drafts=False)
-    >>> missing.pending({"a": 1, "b": 1, "c": 500}, max_decoding_tokens=5)  # 301 + 2 + 500
+    >>> missing = MissingDraftTokens(max_requests=4)
+    >>> missing.step(["a", "b"], np.array([300, 1]), drafts=False)
+    >>> missing.step(["a", "b"], np.array([1, 1]), drafts=False)
+    >>> missing.pending(["a", "b", "c"], np.array([1, 1, 500]), max_decoding_tokens=5)
     803
-    >>> missing.step({"a": 1, "c": 500}, drafts=True)
-    >>> missing.pending({"a": 1, "b": 1}, max_decoding_tokens=5)
+    >>> missing.step(["a", "c"], np.array([1, 500]), drafts=True)
+    >>> missing.pending(["a", "b"], np.array([1, 1]), max_decoding_tokens=5)  # b: 1 + 1
     2
     >>> missing.forget(["b"])
-    >>> missing.pending({"b": 1}, max_decoding_tokens=5)
+    >>> missing.pending(["b"], np.array([1]), max_decoding_tokens=5)
     0
     """
 
-    def __init__(self) -> None:
-        self._tokens: dict[str, int] = {}
+    def __init__(self, max_requests: int) -> None:
+        self._slots = RequestSlots(max_requests)
+        self._tokens = np.zeros(max_requests, dtype=np.int64)
 
-    def pending(self, scheduled_tokens: Mapping[str, int], max_decoding_tokens: int) -> int:
+    def pending(
+        self, request_ids: list[str], scheduled_tokens: np.ndarray, max_decoding_tokens: int
+    ) -> int:
         """The tokens the draft must write before this step's requests draft: those it
         missed, and this step's tokens of requests scheduling more than a decoding step
-        does (max_decoding_tokens: 1 + the most drafts), prompts."""
-        missing = self._tokens
-        return sum(missing.get(request_id, 0) for request_id in scheduled_tokens) + sum(
-            n for n in scheduled_tokens.values() if n > max_decoding_tokens
-        )
+        does (max_decoding_tokens: 1 + the most drafts), prompts. scheduled_tokens [B]:
+        each request's tokens in this step."""
+        slots, _ = self._slots.assign(request_ids)
+        prompts = scheduled_tokens[scheduled_tokens > max_decoding_tokens]
+        return int(self._tokens[slots].sum() + prompts.sum())
 
-    def step(self, scheduled_tokens: Mapping[str, int], drafts: bool) -> None:
+    def step(self, request_ids: list[str], scheduled_tokens: np.ndarray, drafts: bool) -> None:
         """A step ran: with drafts, the draft wrote every scheduled request's tokens;
         without, it missed this step's too."""
-        missing = self._tokens
+        slots, _ = self._slots.assign(request_ids)
         if drafts:
-            for request_id in scheduled_tokens:
-                missing.pop(request_id, None)
-            return
-        for request_id, n in scheduled_tokens.items():
-            missing[request_id] = missing.get(request_id, 0) + n
+            self._tokens[slots] = 0
+        else:
+            self._tokens[slots] += scheduled_tokens
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Finished requests, and preempted ones (they compute their tokens again)."""
-        for request_id in request_ids:
-            self._tokens.pop(request_id, None)
+        request_ids = list(request_ids)
+        self._tokens[self._slots.existing(request_ids)] = 0
+        self._slots.free(request_ids)
 
 
 @dataclasses.dataclass
@@ -130,8 +136,8 @@ class PromptWork:
     """What the scheduler weighs the draft's work on prompts with: its price, the tokens
     missing, and the lengths of the answers that ended (for the tokens left)."""
 
+    missing: MissingDraftTokens
     cost: PromptPassCost = dataclasses.field(default_factory=PromptPassCost)
-    missing: MissingDraftTokens = dataclasses.field(default_factory=MissingDraftTokens)
     answers: AnswerLengths = dataclasses.field(default_factory=AnswerLengths)
 
 

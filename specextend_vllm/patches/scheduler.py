@@ -18,7 +18,12 @@ from specextend_vllm.algorithm.answer_length import AnswerLengths
 from specextend_vllm.algorithm.block_twins import BlockTwins
 from specextend_vllm.algorithm.draft_acceptance import accepted_shares
 from specextend_vllm.algorithm.draft_length import DraftLengthChooser
-from specextend_vllm.algorithm.prompt_work import MIN_BATCH_SIZE, PromptWork, drafting_repays
+from specextend_vllm.algorithm.prompt_work import (
+    MIN_BATCH_SIZE,
+    MissingDraftTokens,
+    PromptWork,
+    drafting_repays,
+)
 from specextend_vllm.patches.base import VllmDataclassField, VllmPatch
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import specextend_config, working_copy_manager_blocks
@@ -77,7 +82,8 @@ def draft_length_chooser(scheduler: Any) -> DraftLengthChooser | None:
             )
         setattr(scheduler, _CHOOSER, chooser)
         setattr(scheduler, _STEP_STARTS, {})
-        setattr(scheduler, _PROMPT_WORK, PromptWork())
+        max_requests = vllm_config.scheduler_config.max_num_seqs
+        setattr(scheduler, _PROMPT_WORK, PromptWork(MissingDraftTokens(max_requests)))
     return getattr(scheduler, _CHOOSER)
 
 
@@ -137,9 +143,11 @@ def weigh_prompt_work(
     work.missing.forget(scheduler_output.preempted_req_ids or ())
     scheduled_tokens = scheduler_output.num_scheduled_tokens
     batch_size = len(scheduled_tokens)
+    request_ids = list(scheduled_tokens)
+    tokens = np.fromiter(scheduled_tokens.values(), dtype=np.int64, count=batch_size)
     num_drafts = scheduler_output.num_spec_tokens_to_schedule
     if num_drafts and batch_size >= MIN_BATCH_SIZE:
-        pending = work.missing.pending(scheduled_tokens, 1 + chooser.max_drafts)
+        pending = work.missing.pending(request_ids, tokens, 1 + chooser.max_drafts)
         if pending and not drafting_repays(
             pending,
             work.cost.seconds_per_token,
@@ -149,7 +157,7 @@ def weigh_prompt_work(
         ):
             num_drafts = scheduler_output.num_spec_tokens_to_schedule = 0
             scheduler_output.specextend_unrepaid_drafting = True
-    work.missing.step(scheduled_tokens, drafts=num_drafts > 0)
+    work.missing.step(request_ids, tokens, drafts=num_drafts > 0)
 
 
 def plain_steps_left(
