@@ -123,12 +123,12 @@ def test_drafts_shorter_than_num_speculative_tokens_are_lossless(
 
 
 # Sleeps added to each forward pass: a plain step then takes about SLOW_TARGET_S, a step
-# of NUM_SPECULATIVE_TOKENS drafts SLOW_TARGET_S plus one draft pass per draft. These and
-# the two tests that use them expect a machine doing nothing else: on one also running
-# other work, the tiny models' own work grows several times over while the sleeps do not
-# (there a fresh batch measured drafting in 0-65% of its first answers' steps, and the
-# batch beside the unrelated draft, whose catch-up of the batch's prompts grew past a tenth
-# of its plain steps left, never measured drafting).
+# of NUM_SPECULATIVE_TOKENS drafts SLOW_TARGET_S plus one draft pass per draft. The two
+# tests using these and the UNRELATED_ sleeps expect a machine doing nothing else: on one
+# also running other work, the tiny models' own work grows several times over while the
+# sleeps do not (there a fresh batch measured drafting in 0-65% of its first answers'
+# steps, and the batch beside the unrelated draft, whose catch-up of its prompts grew past
+# a tenth of its plain steps left, never measured drafting).
 SLOW_TARGET_S = 0.02
 SLOW_DRAFT_PASS_S = 0.06
 # A draft pass of the tiny models costs little next to the timing noise of a loaded
