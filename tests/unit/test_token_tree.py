@@ -60,7 +60,8 @@ def test_topology_of_a_small_tree():
 
 
 def test_chain_mask_is_causal():
-    assert torch.equal(TokenTree.from_paths([[0] * depth for depth in range(1, 5)]).ancestor_mask(), torch.ones(5, 5).tril().bool())
+    chain = TokenTree.from_paths([[0] * depth for depth in range(1, 5)])
+    assert torch.equal(chain.ancestor_mask(), torch.ones(5, 5).tril().bool())
 
 
 @pytest.mark.parametrize(
