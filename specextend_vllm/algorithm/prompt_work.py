@@ -88,15 +88,16 @@ class MissingDraftTokens:
     (`algorithm.request_slots`), so that a step reads and writes them as arrays.
 
     >>> missing = MissingDraftTokens(max_requests=4)
-    >>> missing.step(["a", "b"], np.array([300, 1]), drafts=False)
-    >>> missing.step(["a", "b"], np.array([1, 1]), drafts=False)
-    >>> missing.pending(["a", "b", "c"], np.array([1, 1, 500]), max_decoding_tokens=5)
+    >>> missing.step(missing.slots(["a", "b"]), np.array([300, 1]), drafts=False)
+    >>> missing.step(missing.slots(["a", "b"]), np.array([1, 1]), drafts=False)
+    >>> abc = missing.slots(["a", "b", "c"])
+    >>> missing.pending(abc, np.array([1, 1, 500]), max_decoding_tokens=5)  # 301 + 2 + 500
     803
-    >>> missing.step(["a", "c"], np.array([1, 500]), drafts=True)
-    >>> missing.pending(["a", "b"], np.array([1, 1]), max_decoding_tokens=5)  # b: 1 + 1
+    >>> missing.step(missing.slots(["a", "c"]), np.array([1, 500]), drafts=True)
+    >>> missing.pending(missing.slots(["a", "b"]), np.array([1, 1]), max_decoding_tokens=5)
     2
     >>> missing.forget(["b"])
-    >>> missing.pending(["b"], np.array([1]), max_decoding_tokens=5)
+    >>> missing.pending(missing.slots(["b"]), np.array([1]), max_decoding_tokens=5)
     0
     """
 
@@ -104,21 +105,24 @@ class MissingDraftTokens:
         self._slots = RequestSlots(max_requests)
         self._tokens = np.zeros(max_requests, dtype=np.int64)
 
+    def slots(self, request_ids: list[str]) -> list[int]:
+        """The slot of each of a step's requests (a new request's holds no tokens)."""
+        slots, _ = self._slots.assign(request_ids)
+        return slots
+
     def pending(
-        self, request_ids: list[str], scheduled_tokens: np.ndarray, max_decoding_tokens: int
+        self, slots: list[int], scheduled_tokens: np.ndarray, max_decoding_tokens: int
     ) -> int:
         """The tokens the draft must write before this step's requests draft: those it
         missed, and this step's tokens of requests scheduling more than a decoding step
-        does (max_decoding_tokens: 1 + the most drafts), prompts. scheduled_tokens [B]:
-        each request's tokens in this step."""
-        slots, _ = self._slots.assign(request_ids)
+        does (max_decoding_tokens: 1 + the most drafts), prompts. slots, scheduled_tokens
+        [B]: each request's slot and tokens in this step."""
         prompts = scheduled_tokens[scheduled_tokens > max_decoding_tokens]
         return int(self._tokens[slots].sum() + prompts.sum())
 
-    def step(self, request_ids: list[str], scheduled_tokens: np.ndarray, drafts: bool) -> None:
+    def step(self, slots: list[int], scheduled_tokens: np.ndarray, drafts: bool) -> None:
         """A step ran: with drafts, the draft wrote every scheduled request's tokens;
         without, it missed this step's too."""
-        slots, _ = self._slots.assign(request_ids)
         if drafts:
             self._tokens[slots] = 0
         else:

@@ -143,11 +143,11 @@ def weigh_prompt_work(
     work.missing.forget(scheduler_output.preempted_req_ids or ())
     scheduled_tokens = scheduler_output.num_scheduled_tokens
     batch_size = len(scheduled_tokens)
-    request_ids = list(scheduled_tokens)
+    slots = work.missing.slots(list(scheduled_tokens))
     tokens = np.fromiter(scheduled_tokens.values(), dtype=np.int64, count=batch_size)
     num_drafts = scheduler_output.num_spec_tokens_to_schedule
     if num_drafts and batch_size >= MIN_BATCH_SIZE:
-        pending = work.missing.pending(request_ids, tokens, 1 + chooser.max_drafts)
+        pending = work.missing.pending(slots, tokens, 1 + chooser.max_drafts)
         if pending and not drafting_repays(
             pending,
             work.cost.seconds_per_token,
@@ -157,7 +157,7 @@ def weigh_prompt_work(
         ):
             num_drafts = scheduler_output.num_spec_tokens_to_schedule = 0
             scheduler_output.specextend_unrepaid_drafting = True
-    work.missing.step(request_ids, tokens, drafts=num_drafts > 0)
+    work.missing.step(slots, tokens, drafts=num_drafts > 0)
 
 
 def plain_steps_left(
