@@ -22,6 +22,11 @@ import torch
 
 ENV_VARIABLE = "SPECEXTEND_STEP_TIMINGS"
 
+# Seconds, as read by the measurements `drafting: auto` steers by: the scheduler's step
+# times and the draft's passes over prompts (`DraftPassClock`). Engine tests put simulated
+# time here, so that those choices follow the costs a test gives its models alone.
+drafting_clock: Callable[[], float] = time.perf_counter
+
 
 def step_timings_enabled() -> bool:
     return os.environ.get(ENV_VARIABLE, "0") == "1"
@@ -175,11 +180,11 @@ class DraftPassClock:
     def _pass_started(self, module: object, args: tuple, kwargs: dict) -> None:
         if self._passes is not None:
             self._synchronize()
-            self._started = time.perf_counter()
+            self._started = drafting_clock()
 
     def _pass_finished(self, module: object, args: tuple, kwargs: dict, output: object) -> None:
         if self._passes is not None:
             self._synchronize()
             positions = kwargs.get("positions", args[0] if args else None)
             assert isinstance(positions, torch.Tensor)
-            self._passes.append((positions.shape[-1], time.perf_counter() - self._started))
+            self._passes.append((positions.shape[-1], drafting_clock() - self._started))

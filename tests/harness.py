@@ -130,14 +130,33 @@ def two_tensor_parallel_ranks(monkeypatch: Any) -> dict[str, Any]:
     return {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
 
 
-def delay_calls(owner: Any, name: str, seconds: float) -> None:
-    """Makes `owner.name(...)` sleep `seconds` before each call (a slower kernel or model,
-    in a worker through `collective_rpc`); `undo_delay` takes it back."""
+class SimulatedTime:
+    """A clock that moves only by `advance`. As `profiling.drafting_clock`, with the models'
+    forwards delayed by `delay_calls(..., wait=clock.advance)`, it lets `drafting: auto`
+    measure exactly the step and pass times a test gives, however busy the machine is
+    (the tiny models' own work costs no simulated time)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def now(self) -> float:
+        return self.seconds
+
+    def advance(self, seconds: float) -> None:
+        self.seconds += seconds
+
+
+def delay_calls(
+    owner: Any, name: str, seconds: float, wait: Callable[[float], None] = time.sleep
+) -> None:
+    """Makes `owner.name(...)` wait `seconds` before each call (a slower kernel or model,
+    in a worker through `collective_rpc`): sleep, or advance a `SimulatedTime`;
+    `undo_delay` takes it back."""
     call = getattr(owner, name)
 
     @functools.wraps(call)
     def delayed_call(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(seconds)
+        wait(seconds)
         return call(*args, **kwargs)
 
     setattr(owner, name, delayed_call)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
+from specextend_vllm import profiling
 from specextend_vllm.algorithm.answer_length import AnswerLengths
 from specextend_vllm.algorithm.block_twins import BlockTwins
 from specextend_vllm.algorithm.draft_acceptance import accepted_shares
@@ -214,7 +214,7 @@ class SchedulerPreparesDrafting(VllmPatch):
             starts = getattr(self, _STEP_STARTS)
             if len(starts) >= MAX_STEPS_IN_FLIGHT:
                 starts.clear()
-            starts[id(scheduler_output)] = time.perf_counter()
+            starts[id(scheduler_output)] = profiling.drafting_clock()
         if scheduler_output.scheduled_new_reqs and specextend_config(self.vllm_config) is not None:
             scheduler_output.specextend_block_twins = (
                 recomputed_block_twins(self, scheduler_output) or None
@@ -248,7 +248,7 @@ class SchedulerMeasuresDrafting(VllmPatch):
                     step.batch_size,
                     step.verified_drafts,
                     scheduler_output.num_spec_tokens_to_schedule,
-                    time.perf_counter() - started,
+                    profiling.drafting_clock() - started,
                     step.accepted_shares,
                 )
         return SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)

@@ -5,7 +5,6 @@ number of draft tokens, and the method's own choice from measured step times
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from tests.harness import (
     BLOCK_SIZE,
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
+    SimulatedTime,
     decode,
     delay_calls,
     generate_ids,
@@ -122,30 +122,38 @@ def test_drafts_shorter_than_num_speculative_tokens_are_lossless(
     )
 
 
-# Sleeps added to each forward pass: a plain step then takes about SLOW_TARGET_S, a step
-# of NUM_SPECULATIVE_TOKENS drafts SLOW_TARGET_S plus one draft pass per draft. The two
-# tests using these and the UNRELATED_ sleeps expect a machine doing nothing else: on one
-# also running other work, the tiny models' own work grows several times over while the
-# sleeps do not (there a fresh batch measured drafting in 0-65% of its first answers'
-# steps, and the batch beside the unrelated draft, whose catch-up of its prompts grew past
-# a tenth of its plain steps left, never measured drafting).
+# Simulated seconds (`SimulatedTime`) added to each forward pass, which alone set the
+# times `drafting: auto` measures: a plain step takes SLOW_TARGET_S, a step of
+# NUM_SPECULATIVE_TOKENS drafts SLOW_TARGET_S plus one draft pass per draft. (With sleeps
+# and the wall clock, these tests failed on a machine running other work: the tiny models'
+# own work grew several times over there, and with it the steps' times.)
 SLOW_TARGET_S = 0.02
 SLOW_DRAFT_PASS_S = 0.06
-# A draft pass of the tiny models costs little next to the timing noise of a loaded
-# machine; a real draft's pass costs a good part of a target step.
+# A real draft's pass costs a good part of a target step.
 UNRELATED_DRAFT_PASS_S = 0.01
-# The target's forward beside that draft: a tenth of the 64 plain steps left (about 0.3 s)
-# then covers the catch-up of the batch's 3K prompt tokens (about 0.14 s at the draft's
-# price); at SLOW_TARGET_S the two were within 3% and one run of the suite never drafted.
+# The target's forward beside that draft: a tenth of the 64 plain steps left (0.32 s) then
+# covers the draft's catch-up of the batch's 3K prompt tokens (0.12 s at the price of its
+# pricing pass, 256 tokens in one pass); at SLOW_TARGET_S the two were within 3%, and the
+# batch never drafted.
 UNRELATED_TARGET_S = 0.05
+
+
+@pytest.fixture
+def simulated_time(monkeypatch: pytest.MonkeyPatch) -> SimulatedTime:
+    """The clock `drafting: auto` measures by, for this test's engine."""
+    from specextend_vllm import profiling
+
+    clock = SimulatedTime()
+    monkeypatch.setattr(profiling, "drafting_clock", clock.now)
+    return clock
 
 
 def model(worker: Any, drafter: bool) -> Any:
     return worker.model_runner.drafter.model if drafter else worker.model_runner.model
 
 
-def slow_down(worker: Any, drafter: bool, seconds: float) -> None:
-    delay_calls(model(worker, drafter), "forward", seconds)
+def slow_down(worker: Any, drafter: bool, seconds: float, clock: SimulatedTime) -> None:
+    delay_calls(model(worker, drafter), "forward", seconds, wait=clock.advance)
 
 
 def restore(worker: Any, drafter: bool) -> None:
@@ -156,24 +164,24 @@ def test_auto_drafting_steps_back_from_a_draft_that_is_never_accepted(
     tiny_models: dict[str, Path],
     tmp_path_factory: pytest.TempPathFactory,
     prompts: list[list[int]],
+    simulated_time: SimulatedTime,
 ) -> None:
-    """A draft unrelated to the target, each of its passes taking UNRELATED_DRAFT_PASS_S
-    more: each step with drafts costs more and gives one token, as a plain step does.
-    Once both are measured (8 drafting steps, 3 plain), the batch stops drafting, and
-    measures drafting again only after 64 steps. (The target's forward is slowed to
-    UNRELATED_TARGET_S, as a real target's steps are slower than its draft's passes: the
-    measuring then repays the draft's catch-up over the batch's prompts.)"""
+    """A draft unrelated to the target, each of its passes taking UNRELATED_DRAFT_PASS_S,
+    the target's forward UNRELATED_TARGET_S: each step with drafts costs more and gives one
+    token, as a plain step does. Once both are measured (8 drafting steps, 3 plain), the
+    batch stops drafting, and measures drafting again only after 64 steps. (Injected: every
+    step's time recorded as one second, the batch kept drafting.)"""
     unrelated = save_tiny_model(tmp_path_factory.mktemp("unrelated") / "draft", seed=11)
     config = specextend_config(unrelated, drafting="auto")
     plain = decode(tiny_models["target"], prompts, LONG_OUTPUT_TOKENS).outputs
 
     def run(llm: Any) -> dict[str, float]:
-        llm.collective_rpc(
-            functools.partial(slow_down, drafter=False, seconds=UNRELATED_TARGET_S)
-        )
-        llm.collective_rpc(
-            functools.partial(slow_down, drafter=True, seconds=UNRELATED_DRAFT_PASS_S)
-        )
+        for drafter, seconds in ((False, UNRELATED_TARGET_S), (True, UNRELATED_DRAFT_PASS_S)):
+            llm.collective_rpc(
+                functools.partial(
+                    slow_down, drafter=drafter, seconds=seconds, clock=simulated_time
+                )
+            )
         assert generate_ids(llm, prompts, LONG_OUTPUT_TOKENS) == plain
         return spec_decode_counts(llm)
 
@@ -198,12 +206,11 @@ def drafting_share(llm: Any, prompts: list[list[int]], plain: list[list[int]]) -
 
 
 def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_recovers(
-    tiny_models: dict[str, Path], prompts: list[list[int]]
+    tiny_models: dict[str, Path], prompts: list[list[int]], simulated_time: SimulatedTime
 ) -> None:
     """The target drafting for itself on the full cache (every draft accepted), its
-    forward slowed to SLOW_TARGET_S: a drafting step gives 4 tokens in little more than a
-    plain step's time, and the batch drafts. Once each draft pass sleeps
-    SLOW_DRAFT_PASS_S, a drafting step still gives 4 tokens but takes 10 plain steps' time,
+    forward taking SLOW_TARGET_S: a drafting step gives 4 tokens in a plain step's time,
+    and the batch drafts. Once each draft pass takes SLOW_DRAFT_PASS_S, a drafting step still gives 4 tokens but takes 10 plain steps' time,
     and the batch stops drafting (losing on time, not on acceptance), checking drafting
     for a few steps now and then; with the draft restored, such a check finds drafting
     faster again and the batch drafts again."""
@@ -211,9 +218,10 @@ def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_rec
     plain = decode(tiny_models["target"], prompts, LONG_OUTPUT_TOKENS).outputs
 
     def run(llm: Any) -> tuple[list[float], list[float], list[float]]:
-        llm.collective_rpc(functools.partial(slow_down, drafter=False, seconds=SLOW_TARGET_S))
+        slow = functools.partial(slow_down, clock=simulated_time)
+        llm.collective_rpc(functools.partial(slow, drafter=False, seconds=SLOW_TARGET_S))
         paying = [drafting_share(llm, prompts, plain) for _ in range(2)]
-        llm.collective_rpc(functools.partial(slow_down, drafter=True, seconds=SLOW_DRAFT_PASS_S))
+        llm.collective_rpc(functools.partial(slow, drafter=True, seconds=SLOW_DRAFT_PASS_S))
         slow = [drafting_share(llm, prompts, plain) for _ in range(3)]
         llm.collective_rpc(functools.partial(restore, drafter=True))
         recovered: list[float] = []
@@ -228,33 +236,31 @@ def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_rec
     assert recovered[-1] >= 0.5
 
 
-# The target's forward sleeps this long, each draft pass over a prompt PROMPT_PASS_S: the
+# Simulated seconds of the target's forward, and of each draft pass over a prompt: the
 # pair of 220 prompt tokens then costs the draft about as much as 10 plain steps, between
 # the 4 that the first pair may spend measuring and the 25 that the pair answered in 256
-# tokens may. Sleeps, not the tiny models' own work, must set those steps' times: on a
-# machine also running other work a step's own cost grew to 0.1 s, and with a 0.02 s target
-# and 0.5 s passes the first pair measured drafting there.
+# tokens may.
 PROMPT_WORK_TARGET_S = 0.1
 PROMPT_PASS_S = 1.25
 
 
-def slow_prompt_passes(worker: Any, seconds: float) -> None:
+def slow_prompt_passes(worker: Any, seconds: float, clock: SimulatedTime) -> None:
     from specextend_vllm.profiling import PROMPT_PASS_MIN_TOKENS
 
     draft = model(worker, drafter=True)
     forward = draft.forward
 
     @functools.wraps(forward)
-    def forward_sleeping_over_prompts(*args: Any, **kwargs: Any) -> Any:
+    def forward_slow_over_prompts(*args: Any, **kwargs: Any) -> Any:
         if kwargs["positions"].shape[-1] >= PROMPT_PASS_MIN_TOKENS:
-            time.sleep(seconds)
+            clock.advance(seconds)
         return forward(*args, **kwargs)
 
-    draft.forward = forward_sleeping_over_prompts
+    draft.forward = forward_slow_over_prompts
 
 
 def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
-    tiny_models: dict[str, Path],
+    tiny_models: dict[str, Path], simulated_time: SimulatedTime
 ) -> None:
     """The target drafting for itself on the full cache (every draft accepted), its forward
     slowed to PROMPT_WORK_TARGET_S, each draft pass over a prompt to PROMPT_PASS_S. A fresh
@@ -302,9 +308,13 @@ def test_batches_draft_only_where_the_tokens_left_repay_the_drafts_prompt_work(
         from vllm import SamplingParams
 
         llm.collective_rpc(
-            functools.partial(slow_down, drafter=False, seconds=PROMPT_WORK_TARGET_S)
+            functools.partial(
+                slow_down, drafter=False, seconds=PROMPT_WORK_TARGET_S, clock=simulated_time
+            )
         )
-        llm.collective_rpc(functools.partial(slow_prompt_passes, seconds=PROMPT_PASS_S))
+        llm.collective_rpc(
+            functools.partial(slow_prompt_passes, seconds=PROMPT_PASS_S, clock=simulated_time)
+        )
         after: list[tuple[dict[str, float], dict[str, Any]]] = []
 
         def counts() -> None:
