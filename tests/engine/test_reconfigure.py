@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from specextend_vllm import reconfigure, retrieval_stats, step_timings
 from tests.harness import (
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
+    SimulatedTime,
     delay_calls,
     generate_ids,
     make_llm,
@@ -55,9 +57,12 @@ def test_verification_attention_switched_on_a_running_engine_stays_lossless(
     assert (hybrid_verifications > 0) == (verification_attention == "hybrid")
 
 
-# Added to the first target layer's attention on every verification step of the slowed
-# way: some hundred times the tiny model's attention time.
+# Simulated seconds (`SimulatedTime`), which alone set the attention times the chooser
+# measures: the first target layer's attention on every step, either way, and what the
+# slowed way adds.
+FIRST_LAYER_ATTENTION_S = 0.001
 SLOWED_VERIFICATION_S = 0.02
+WAYS = ("hybrid", "native")
 
 
 def first_layer_attention(worker: Any, way: str) -> tuple[Any, str]:
@@ -66,12 +71,23 @@ def first_layer_attention(worker: Any, way: str) -> tuple[Any, str]:
     return (hybrid, "attend") if way == "hybrid" else (seam, "backend_forward")
 
 
-def slow_down(worker: Any, way: str) -> None:
-    delay_calls(*first_layer_attention(worker, way), SLOWED_VERIFICATION_S)
+def set_attention_clocks(worker: Any, clock: Any) -> None:
+    for seam, _ in worker.model_runner.drafter.verification._paths:
+        seam.alternative_path.verification_step.clock = clock
+        seam.alternative_path.decoding_step.clock = clock
 
 
-def restore(worker: Any, way: str) -> None:
-    undo_delay(*first_layer_attention(worker, way))
+def slow_down(worker: Any, slow_way: str, clock: SimulatedTime) -> None:
+    set_attention_clocks(worker, clock.now)
+    for way in WAYS:
+        seconds = FIRST_LAYER_ATTENTION_S + SLOWED_VERIFICATION_S * (way == slow_way)
+        delay_calls(*first_layer_attention(worker, way), seconds, wait=clock.advance)
+
+
+def restore(worker: Any) -> None:
+    set_attention_clocks(worker, time.perf_counter)
+    for way in WAYS:
+        undo_delay(*first_layer_attention(worker, way))
 
 
 @pytest.mark.parametrize("slow_way", ["hybrid", "native"])
@@ -79,18 +95,19 @@ def test_auto_verification_keeps_the_faster_attention_losslessly(
     llm: Any, slow_way: str, prompts: list[list[int]], plain_outputs: list[list[int]]
 ) -> None:
     """`verification_attention: auto` on CPU measures hybrid and vLLM's attention in turns
-    (4 steps each) and keeps the faster, exploring the other for 2 steps now and then.
-    Seen: with hybrid slowed down, 8 hybrid and 37 native verifications; with vLLM's
-    slowed down, 35 and 10. With the chooser pinned to hybrid (45 and 0) or to native (0
+    (4 steps each) and keeps the faster, exploring the other for 2 steps now and then,
+    its attention times simulated.
+    Seen: with hybrid slowed down, 8 hybrid and 43 native verifications; with vLLM's
+    slowed down, 43 and 8. With the chooser pinned to hybrid (45 and 0) or to native (0
     and 45), both cases fail: the way never taken is never measured."""
     reconfigure(llm, policy="cmr", verification_attention="auto")
-    llm.collective_rpc(functools.partial(slow_down, way=slow_way))
+    llm.collective_rpc(functools.partial(slow_down, slow_way=slow_way, clock=SimulatedTime()))
     before = retrieval_stats(llm)[0]
     try:
         for _ in range(3):
             assert generate_ids(llm, prompts, MAX_TOKENS) == plain_outputs
     finally:
-        llm.collective_rpc(functools.partial(restore, way=slow_way))
+        llm.collective_rpc(restore)
     after = retrieval_stats(llm)[0]
     hybrid, native = (
         after[f"{way}_verifications"] - before[f"{way}_verifications"] for way in ("hybrid", "native")
