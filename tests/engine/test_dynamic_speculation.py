@@ -210,18 +210,23 @@ def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_rec
 ) -> None:
     """The target drafting for itself on the full cache (every draft accepted), its
     forward taking SLOW_TARGET_S: a drafting step gives 4 tokens in a plain step's time,
-    and the batch drafts. Once each draft pass takes SLOW_DRAFT_PASS_S, a drafting step still gives 4 tokens but takes 10 plain steps' time,
-    and the batch stops drafting (losing on time, not on acceptance), checking drafting
-    for a few steps now and then; with the draft restored, such a check finds drafting
-    faster again and the batch drafts again."""
+    and the batch drafts. Once each draft pass takes SLOW_DRAFT_PASS_S, a drafting step
+    still gives 4 tokens but takes 10 plain steps' time, and the batch stops drafting
+    (losing on time, not on acceptance), checking drafting for a few steps now and then;
+    with the draft restored, such a check finds drafting faster again and the batch drafts
+    again."""
     config = specextend_config(tiny_models["target"], drafting="auto", policy="full")
     plain = decode(tiny_models["target"], prompts, LONG_OUTPUT_TOKENS).outputs
 
     def run(llm: Any) -> tuple[list[float], list[float], list[float]]:
-        slow = functools.partial(slow_down, clock=simulated_time)
-        llm.collective_rpc(functools.partial(slow, drafter=False, seconds=SLOW_TARGET_S))
+        simulated_slow_down = functools.partial(slow_down, clock=simulated_time)
+        llm.collective_rpc(
+            functools.partial(simulated_slow_down, drafter=False, seconds=SLOW_TARGET_S)
+        )
         paying = [drafting_share(llm, prompts, plain) for _ in range(2)]
-        llm.collective_rpc(functools.partial(slow, drafter=True, seconds=SLOW_DRAFT_PASS_S))
+        llm.collective_rpc(
+            functools.partial(simulated_slow_down, drafter=True, seconds=SLOW_DRAFT_PASS_S)
+        )
         slow = [drafting_share(llm, prompts, plain) for _ in range(3)]
         llm.collective_rpc(functools.partial(restore, drafter=True))
         recovered: list[float] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def first_layer_attention(worker: Any, way: str) -> tuple[Any, str]:
     return (hybrid, "attend") if way == "hybrid" else (seam, "backend_forward")
 
 
-def set_attention_clocks(worker: Any, clock: Any) -> None:
+def set_attention_clocks(worker: Any, clock: Callable[[], float]) -> None:
     for seam, _ in worker.model_runner.drafter.verification._paths:
         seam.alternative_path.verification_step.clock = clock
         seam.alternative_path.decoding_step.clock = clock
