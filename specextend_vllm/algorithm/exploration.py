@@ -38,6 +38,9 @@ NARROW_WIN_PERIOD = 8
 # this may stretch the schedule to (a changed workload is found within it).
 EXPLORATION_BUDGET = 0.03
 LONGEST_BUDGETED_PERIOD = 256
+# A step measured as taking no time (a clock coarser than the step) counts as taking this
+# long, so that every way's tokens per second stay finite.
+SHORTEST_STEP_SECONDS = 1e-9
 # Two ways' tokens per step count as different only by what their difference exceeds
 # this many of its standard errors (`tokens_beyond_noise`).
 TOKENS_NOISE_STANDARD_ERRORS = 1.0
@@ -239,9 +242,10 @@ class Exploration:
 
 
 class RecentMedian:
-    """The lower median of the last `window` measurements: a step slowed down by a pause
+    """The lower median of the last `window` step times: a step slowed down by a pause
     of the process, or of the machine, moves it by one rank rather than by its size, and
-    pauses only slow steps down, so up to half of the window may be paused.
+    pauses only slow steps down, so up to half of the window may be paused. A step of 0 s
+    counts as SHORTEST_STEP_SECONDS.
 
     >>> times = RecentMedian(window=4)
     >>> for seconds in (0.010, 0.011, 0.200, 0.012, 0.010, 0.300):
@@ -254,8 +258,8 @@ class RecentMedian:
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
         self.samples = 0
 
-    def add(self, measurement: float) -> None:
-        self._recent.append(measurement)
+    def add(self, step_seconds: float) -> None:
+        self._recent.append(max(step_seconds, SHORTEST_STEP_SECONDS))
         self.samples += 1
 
     @property

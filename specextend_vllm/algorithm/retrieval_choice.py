@@ -60,6 +60,7 @@ import torch
 
 from specextend_vllm.algorithm.draft_acceptance import DraftAcceptance, TokensEstimate
 from specextend_vllm.algorithm.exploration import (
+    SHORTEST_STEP_SECONDS,
     Exploration,
     compare_ways,
     measuring_uses_second,
@@ -147,7 +148,7 @@ class StepTimeRatio:
         self.steps += 1
         self.recent.setdefault(
             (reduced, num_drafts), collections.deque(maxlen=2 * SWITCH_STEPS)
-        ).append((self.steps, step_seconds))
+        ).append((self.steps, max(step_seconds, SHORTEST_STEP_SECONDS)))
         ways = [self.recent.get((way, num_drafts)) for way in (False, True)]
         if not (ways[0] and ways[1]):
             return

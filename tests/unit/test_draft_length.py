@@ -343,3 +343,11 @@ def test_a_length_measured_slow_at_first_is_measured_again() -> None:
     )
     settled = scheduled[100:]
     assert sum(drafts >= 2 for drafts in settled) >= 0.9 * len(settled)
+
+
+def test_steps_measured_as_taking_no_time_keep_the_choice_finite() -> None:
+    """A clock coarser than a step reads 0 s: drafting that takes no time wins, and plain
+    steps that take none too (any time at all) do not divide by zero."""
+    chooser = DraftLengthChooser(K, max_batch_size=1)
+    scheduled = run_steps(chooser, 1, 60, drafting_s=0.0, plain_s=0.0, tokens=2.5)
+    assert chooser.buckets[0].measured(MIN_DRAFTING_SAMPLES) and mostly_drafting(scheduled)

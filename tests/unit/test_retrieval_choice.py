@@ -254,3 +254,11 @@ def test_a_new_request_after_a_narrow_choice_explores_the_other_cache_at_once() 
         steps_on_full.append(choices.count(False))
     assert sorted(first_steps_on_full)[15] == 16
     assert sorted(steps_on_full)[15] >= 16
+
+
+def test_steps_measured_as_taking_no_time_keep_the_choice_finite() -> None:
+    """A clock coarser than a step reads 0 s on both caches: their time ratio is 1 and the
+    cache accepting more is kept."""
+    chooser = new_chooser()
+    choices = run_steps(chooser, 5000, 200, reduced=(0.0, 1.5), full=(0.0, 4.0))
+    assert choices[-100:].count(False) >= 90

@@ -148,3 +148,10 @@ def test_plain_decoding_steps_choose_on_their_own_between_the_kernel_and_vllms()
     assert decoded.first.step_s.value < decoded.second.step_s.value  # kernel 2 ms, vLLM 6 ms
     assert calls.count("kernel decode") == decoding_ways.count("kernel decode")
     assert calls.count("native verification") == verification_ways.count("native")
+
+
+def test_steps_measured_as_taking_no_time_keep_the_choice_finite() -> None:
+    """A clock coarser than the attention calls reads 0 s on one way: that way is kept."""
+    chooser = VerificationChooser()
+    ways = run_steps(chooser, context_bucket(5000), 60, hybrid_s=0.0, native_s=0.06)
+    assert ways[MEASURING_STEPS:].count(False) >= 0.9 * (60 - MEASURING_STEPS)
