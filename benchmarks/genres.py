@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 FICTION = ("novels/alice29", "novels/botchan", "milton/paradise_regained")
@@ -34,9 +34,27 @@ def essay_sets(essays: dict[str, str]) -> dict[str, str]:
     }
 
 
+CODE_PREFIX = "code/"
+
+
+def python_source(name: str) -> str:
+    """`code/MODULE` -> the running Python's standard library module MODULE.py."""
+    module = name.removeprefix(CODE_PREFIX)
+    return (Path(sysconfig.get_paths()["stdlib"]) / f"{module}.py").read_text()
+
+
 def python_sources() -> dict[str, str]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    return {f"code/{name.removesuffix('.py')}": (stdlib / name).read_text() for name in CODE_MODULES}
+    names = [CODE_PREFIX + module.removesuffix(".py") for module in CODE_MODULES]
+    return {name: python_source(name) for name in names}
+
+
+def named_texts(names: Sequence[str]) -> dict[str, str]:
+    """Texts by name, in order: `code/MODULE` a module of the standard library (any of
+    them, not only the code genre's), every other name a packaged text
+    (`benchmarks.assets.long_texts`)."""
+    packaged = [name for name in names if not name.startswith(CODE_PREFIX)]
+    texts = packaged_texts(tuple(packaged)) if packaged else {}
+    return {name: python_source(name) if name.startswith(CODE_PREFIX) else texts[name] for name in names}
 
 
 def packaged_texts(names: tuple[str, ...]) -> dict[str, str]:

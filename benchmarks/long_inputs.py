@@ -35,7 +35,7 @@ from typing import Any
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from benchmarks import engine  # noqa: E402
-from benchmarks.genres import GENRES, genre_texts  # noqa: E402
+from benchmarks.genres import GENRES, genre_texts, named_texts  # noqa: E402
 from benchmarks.prompts import (  # noqa: E402
     draft_origin_of_tokens,
     needle_prompt,
@@ -257,10 +257,7 @@ def prompt_texts(args: argparse.Namespace) -> list[tuple[str | None, str, str]]:
                 args.skip_texts : args.skip_texts + args.texts_per_length
             ]
         ]
-    from benchmarks.assets import long_texts
-
-    texts = long_texts()
-    return [(None, name, texts[name]) for name in args.texts[: args.texts_per_length]]
+    return [(None, name, text) for name, text in named_texts(args.texts[: args.texts_per_length]).items()]
 
 
 def results_path(args: argparse.Namespace) -> Path:
@@ -609,7 +606,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--lengths", type=int, nargs="+", help="prompt lengths in tokens")
     parser.add_argument("--max-tokens", type=int, help="new tokens per request")
-    parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name")
+    parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name (code/MODULE: a module of the standard library)")
     parser.add_argument(
         "--genres", nargs="+", choices=list(GENRES), help="speed: prompt with these genres' texts instead of --texts"
     )

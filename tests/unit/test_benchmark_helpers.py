@@ -18,6 +18,7 @@ from benchmarks.engine import (
 )
 from benchmarks.draft_length_simulation import COST_PROFILES, Machine, correct_drafts, decode
 from benchmarks.forward_parts import PartClock, decode_figures, prefill_figures
+from benchmarks.genres import named_texts, python_sources
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
 from benchmarks.speed_summary import cells_at_defaults, summarize
 
@@ -26,6 +27,13 @@ def test_origin_of_each_output_token() -> None:
     origins = draft_origin_of_tokens([2, 4], [4, 4], 9)
     assert origins == ["prefill", "accepted", "accepted", "corrected"] + ["accepted"] * 4 + ["bonus"]
     assert draft_origin_of_tokens([2, 4], [4, 4], 5) == origins[:5]
+
+
+def test_code_texts_are_any_module_of_the_standard_library_in_the_order_named() -> None:
+    texts = named_texts(["code/dataclasses", "code/argparse"])
+    assert list(texts) == ["code/dataclasses", "code/argparse"]
+    assert "def dataclass(" in texts["code/dataclasses"]
+    assert texts["code/argparse"] == python_sources()["code/argparse"]
 
 
 def test_the_simulated_decode_replays_the_saved_drafts_at_any_number_of_drafts() -> None:
