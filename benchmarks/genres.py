@@ -54,7 +54,10 @@ def named_texts(names: Sequence[str]) -> dict[str, str]:
     (`benchmarks.assets.long_texts`)."""
     packaged = [name for name in names if not name.startswith(CODE_PREFIX)]
     texts = packaged_texts(tuple(packaged)) if packaged else {}
-    return {name: python_source(name) if name.startswith(CODE_PREFIX) else texts[name] for name in names}
+    return {
+        name: python_source(name) if name.startswith(CODE_PREFIX) else texts[name]
+        for name in names
+    }
 
 
 def packaged_texts(names: tuple[str, ...]) -> dict[str, str]:
