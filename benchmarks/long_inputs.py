@@ -257,7 +257,8 @@ def prompt_texts(args: argparse.Namespace) -> list[tuple[str | None, str, str]]:
                 args.skip_texts : args.skip_texts + args.texts_per_length
             ]
         ]
-    return [(None, name, text) for name, text in named_texts(args.texts[: args.texts_per_length]).items()]
+    texts = named_texts(args.texts[: args.texts_per_length])
+    return [(None, name, text) for name, text in texts.items()]
 
 
 def results_path(args: argparse.Namespace) -> Path:
