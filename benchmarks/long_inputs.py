@@ -543,9 +543,7 @@ def run_draft_step(args: argparse.Namespace, draft: Path, target: Path, tokenize
     many tokens as the 1K row, whatever the context."""
     from tqdm import tqdm
 
-    from benchmarks.assets import long_texts
-
-    text = long_texts()[args.texts[0]]
+    text = named_texts(args.texts[:1])[args.texts[0]]
     llm = engine.make_llm(draft, None, max(args.lengths) + args.max_tokens + 64, block_size=args.block_size)
     rows = []
     for length in tqdm(args.lengths, desc="draft step"):
@@ -607,7 +605,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--lengths", type=int, nargs="+", help="prompt lengths in tokens")
     parser.add_argument("--max-tokens", type=int, help="new tokens per request")
-    parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed: texts, by name (code/MODULE: a module of the standard library)")
+    parser.add_argument("--texts", nargs="+", default=list(SPEED_TEXTS), help="speed, draft_step: texts, by name (code/MODULE: a module of the standard library)")
     parser.add_argument(
         "--genres", nargs="+", choices=list(GENRES), help="speed: prompt with these genres' texts instead of --texts"
     )
