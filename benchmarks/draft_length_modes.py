@@ -29,7 +29,7 @@ the engine is reconfigured for them and back, which starts retrieval's state and
 decode also records the target's forward per decoding step (ms, the mean of its steps).
 
     python -m benchmarks.draft_length_modes [--genres essays fiction code dialogue]
-        [--skip-texts 2] [--length 8192] [--rounds 4] [--modes ...] [--compiled]
+        [--skip-texts 2 | --texts NAME ...] [--length 8192] [--rounds 4] [--modes ...] [--compiled]
         [--draft-precision int8|fp32] [--draft-prefill-window default|none] [--output NAME]
 """
 
@@ -45,7 +45,7 @@ from typing import Any
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from benchmarks import engine  # noqa: E402
-from benchmarks.genres import GENRES, genre_texts  # noqa: E402
+from benchmarks.genres import GENRES, genre_texts, named_texts  # noqa: E402
 
 # Mode name -> drafts per step, None for the chooser's own.
 MODES: dict[str, int | None] = {
@@ -226,9 +226,9 @@ def chooser_state(chooser: Any) -> dict[str, Any]:
 
 def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """The prompt's prefill and one decode in `auto`, then `args.rounds` rounds of every
-    mode; each decode's tokens/s, drafts and accepted drafts per step, draft steps on the
-    reduced cache (the rest drafted on the full one: `retrieval: auto` chooses as usual)
-    and the two choosers' state after it."""
+    mode; each decode's tokens/s, the machine's memory bandwidth just before it, drafts
+    and accepted drafts per step, draft steps on the reduced cache (the rest drafted on the
+    full one: `retrieval: auto` chooses as usual) and the two choosers' state after it."""
     from specextend_vllm import step_timings
 
     chooser = draft_length_chooser(llm)
@@ -239,6 +239,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
         modes = list(args.modes) if round_index % 2 == 0 else list(reversed(args.modes))
         for mode in modes:
             with verification_attention(llm, VERIFICATION_MODES.get(mode)):
+                memory_gbps = engine.machine_memory_gbps()
                 retrieval_before = engine.retrieval_counters(llm)
                 step_timings(llm)  # the steps timed before this decode, dropped
                 with fixed_draft_length(chooser, MODES[mode]), held_choices(
@@ -256,6 +257,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                     "round": round_index,
                     "decode_tokens_per_s": (len(request.tokens) - 1) / request.decode_s,
                     "target_forward_ms": forward_ms,
+                    "machine_memory_gbps": memory_gbps,
                     "drafted_per_step": request.drafted_per_step,
                     "accepted_per_step": request.accepted_per_step,
                     "mean_acceptance_length": request.mean_acceptance_length,
@@ -309,6 +311,18 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     return rows
 
 
+def prompt_texts(args: argparse.Namespace) -> dict[str, str]:
+    """The texts to prompt with, by label: `--texts` by name (`benchmarks.genres.named_texts`),
+    or else one text of each genre of `--genres`, its first `--skip-texts` left out."""
+    if args.texts:
+        return named_texts(args.texts)
+    return {
+        f"{genre}: {name}": text
+        for genre, by_name in genre_texts(args.genres).items()
+        for name, text in list(by_name.items())[args.skip_texts : args.skip_texts + 1]
+    }
+
+
 def main() -> None:
     from transformers import AutoTokenizer
 
@@ -318,6 +332,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--genres", nargs="+", choices=list(GENRES), default=["essays", "fiction", "code", "dialogue"])
     parser.add_argument("--skip-texts", type=int, default=2, help="leave out each genre's first N texts")
+    parser.add_argument(
+        "--texts", nargs="+",
+        help="prompt with these texts, by name, instead of --genres (code/MODULE: a module of "
+        "the standard library)",
+    )
     parser.add_argument("--length", type=int, default=8192, help="prompt tokens")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
@@ -353,13 +372,12 @@ def main() -> None:
         enforce_eager=not args.compiled,
     )
     results: dict[str, Any] = {}
-    for genre, texts in genre_texts(args.genres).items():
-        name, text = list(texts.items())[args.skip_texts]
+    for label, text in prompt_texts(args).items():
         llm.reset_prefix_cache()
         prompt_results = run_prompt(llm, summary_prompt(tokenizer, text, args.length), args)
         prompt_results["summary"] = summary(prompt_results)
-        results[f"{genre}: {name}"] = prompt_results
-        print(f"\n{genre}: {name}, {args.length} tokens")
+        results[label] = prompt_results
+        print(f"\n{label}, {args.length} tokens")
         print(
             "| mode | decode tokens/s (min-max) | vs plain | vs the fastest other "
             "| vs the faster alternative | vs draft_model_like | target forward ms |"

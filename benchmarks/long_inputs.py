@@ -273,6 +273,7 @@ def measure_one(
     step_records(llm)
     retrieval_before = engine.retrieval_counters(llm) if method.startswith("specextend") else {}
     machine_gflops = engine.machine_gflops()
+    machine_memory_gbps = engine.machine_memory_gbps()
     [request], wall_s = engine.generate(llm, [prompt["token_ids"]], args.max_tokens)
     breakdown = engine.time_breakdown(step_records(llm), max(tokens_per_step, args.k + 1), request.decode_s)
     run = {
@@ -288,6 +289,7 @@ def measure_one(
         "drafted_per_step": request.drafted_per_step,
         "time_per_step": breakdown,
         "machine_gflops": machine_gflops,
+        "machine_memory_gbps": machine_memory_gbps,
     }
     if retrieval_before:
         after = engine.retrieval_counters(llm)
@@ -380,6 +382,7 @@ def speed_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ttft_s": group[0]["engine_ttft_s"],
                 "reduced_draft_steps": sum(r.get("retrieval", {}).get("reduced_draft_steps", 0) for r in group),
                 "machine_gflops": median_or_none([r.get("machine_gflops") for r in group]),
+                "machine_memory_gbps": median_or_none([r.get("machine_memory_gbps") for r in group]),
             }
         )
     by_key = {(r["method"], r["length"], r["text"]): r for r in rows}

@@ -36,6 +36,21 @@ def test_code_texts_are_any_module_of_the_standard_library_in_the_order_named() 
     assert texts["code/argparse"] == python_sources()["code/argparse"]
 
 
+def test_draft_length_modes_prompts_with_the_texts_named_or_one_of_each_genre() -> None:
+    """`--texts` in the order named, as `benchmarks.long_inputs` takes them; without it,
+    each genre's text after the first `--skip-texts`."""
+    from argparse import Namespace
+
+    from benchmarks.draft_length_modes import prompt_texts
+
+    named = prompt_texts(Namespace(texts=["code/typing", "code/dataclasses"], genres=["code"], skip_texts=2))
+    assert named == named_texts(["code/typing", "code/dataclasses"])
+    by_genre = prompt_texts(Namespace(texts=None, genres=["code"], skip_texts=1))
+    [(label, text)] = by_genre.items()
+    second_name, second_text = list(python_sources().items())[1]
+    assert (label, text) == (f"code: {second_name}", second_text)
+
+
 def test_the_simulated_decode_replays_the_saved_drafts_at_any_number_of_drafts() -> None:
     """The saved run drafted 4 a step and accepted 2, 0, 3: the draft was right on output
     tokens 0-1 and 4-6 and wrong on 2, 3 and 7. Drafting 2 a step replays the same 8
@@ -127,25 +142,28 @@ def test_retrieval_accuracy_settings_are_all_reconfigurable() -> None:
 
 
 def test_speed_cells_carry_the_machine_speed_their_runs_were_taken_at() -> None:
-    """A cell's machine figure is the median of its runs' (runs saved before the figure
-    existed have none), so a cell taken while the machine ran slower shows it."""
-    from benchmarks.engine import machine_gflops
+    """A cell's machine figures (arithmetic and memory speed) are the medians of its runs'
+    (runs saved before a figure existed have none), so a cell taken while the machine ran
+    slower shows it."""
+    from benchmarks.engine import machine_gflops, machine_memory_gbps
     from benchmarks.long_inputs import speed_cells
 
-    def run(method: str, gflops: float | None) -> dict[str, object]:
+    def run(method: str, gflops: float | None, gbps: float | None) -> dict[str, object]:
         figures = {
             "method": method, "length": 1024, "genre": "essays", "text": "essays/set_1",
             "tokens": [1, 2, 3], "ttft_s": 1.0, "decode_s": 0.5, "engine_ttft_s": 1.0,
             "accepted_per_step": [], "drafted_per_step": [], "time_per_step": {},
         }
-        return figures if gflops is None else {**figures, "machine_gflops": gflops}
+        machine = {"machine_gflops": gflops, "machine_memory_gbps": gbps}
+        return {**figures, **{key: value for key, value in machine.items() if value is not None}}
 
-    runs = [run("no_speculation", 100.0), run("no_speculation", 60.0), run("no_speculation", 90.0)]
-    runs += [run("draft_model", None)]
+    runs = [run("no_speculation", 100.0, 9.0), run("no_speculation", 60.0, 4.0)]
+    runs += [run("no_speculation", 90.0, 5.0), run("draft_model", None, None)]
     cells = {cell["method"]: cell for cell in speed_cells(runs)}
-    assert cells["no_speculation"]["machine_gflops"] == 90.0
-    assert cells["draft_model"]["machine_gflops"] is None
+    assert (cells["no_speculation"]["machine_gflops"], cells["no_speculation"]["machine_memory_gbps"]) == (90.0, 5.0)
+    assert cells["draft_model"]["machine_gflops"] is cells["draft_model"]["machine_memory_gbps"] is None
     assert machine_gflops(seconds=0.01, slices=2) > 0
+    assert machine_memory_gbps(seconds=0.01, slices=2) > 0
 
 
 def test_a_fixed_draft_length_holds_the_choosers_table_and_gives_it_back() -> None:
