@@ -102,9 +102,9 @@ COPY_BYTES = 256 * 2**20
 
 def machine_memory_gbps(seconds: float = 0.1, slices: int = 3) -> float:
     """The machine's memory bandwidth now, in GB/s read and written: copies of 256 MiB, far
-    larger than any cache, the fastest of `slices` stretches of `seconds`. Decoding is bound
-    by memory, not arithmetic: a stretch where the machine's memory ran at half speed slowed
-    every engine step about twofold while `machine_gflops` read 10-20% less."""
+    larger than any cache (512 MiB held while it runs), the fastest of `slices` stretches of
+    `seconds`. Decoding is bound by memory more than by arithmetic: in a stretch where every
+    engine step ran about twice as slowly, `machine_gflops` read only 10-20% less."""
     import torch
 
     source = torch.empty(COPY_BYTES // 4)
