@@ -42,8 +42,14 @@ also drafts one more token for a few steps now and then (after 8 steps, up to 12
 that measures the next draft's acceptance and step time as they are now, not as they were
 when the length was last drafted (at 8K, chains kept 3 drafts a step where an engine
 drafting 4 at every step decoded 1.15-1.2x faster; 4 had been measured only in the
-engine's first requests). Where the kept choice measured more than
-`exploration.CLEAR_WIN` (1.5x) faster when it was made, each of these checks waits its
+engine's first requests). A length not measured for STALE_STEPS steps of its bucket while
+lengths on both sides of it were is interpolated between them, and measured afresh when
+drafted again: a length no longer chosen is not drafted again, and its last reading, maybe
+from a slow stretch, would otherwise stand for good (on an AVX2 EPYC at 4K one draft's
+time read 1.36x its earlier one in a slow stretch and stayed so for 15 requests, plain
+steps kept where one draft at its earlier time promised 1.1x). Where the kept choice
+measured more than `exploration.CLEAR_WIN` (1.5x) faster when it was made, each of these
+checks waits its
 longest period first (at 16K, a 4-draft step of 1.15 s in an engine's first answer, where
 3 drafts took 0.46-0.83 s, held 3 drafts a step for 100 steps).
 """
@@ -90,6 +96,10 @@ LONGER_EXPLORATION_PERIOD = 128
 # longest); those of drafting while it is not are `algorithm.exploration`'s.
 PLAIN_FIRST_EXPLORATION_PERIOD = 32
 PLAIN_EXPLORATION_PERIOD = 256
+# Steps of a bucket after which a length measured before lengths on both sides of it were
+# measured again is interpolated between them: a length that stops being chosen is not
+# drafted again, so its last reading would otherwise stand for the engine's life.
+STALE_STEPS = 128
 
 
 def batch_size_bucket(batch_size: int) -> int:
@@ -117,6 +127,16 @@ class BucketState:
         )
         self.drafting_exploration = Exploration()
         self.longer_exploration = Exploration(max_period=LONGER_EXPLORATION_PERIOD)
+        self.steps = 0
+        self.measured_at = [0] * (max_drafts + 1)
+
+    def add_step_time(self, num_drafts: int, seconds: float) -> None:
+        """One step's time of `num_drafts` drafts; a stale length's readings are dropped
+        first, so that it is interpolated until measured afresh."""
+        if num_drafts in self.stale_lengths():
+            self.step_s[num_drafts] = RecentMedian(DRAFTING_STEP_WINDOW)
+        self.step_s[num_drafts].add(seconds)
+        self.measured_at[num_drafts] = self.steps
 
     @property
     def prefers_drafting(self) -> bool:
@@ -149,17 +169,17 @@ class BucketState:
 
     def step_seconds(self, num_drafts: int) -> float:
         """The median step time of `num_drafts` drafts, or, measured fewer than
-        MIN_PLAIN_SAMPLES times, interpolated between the nearest measured lengths (none
-        and k are measured first).
+        MIN_PLAIN_SAMPLES times or stale (`current_lengths`), interpolated between the
+        nearest measured lengths (none and k are measured first).
 
         >>> bucket = BucketState(max_drafts=4)
         >>> for _ in range(MIN_DRAFTING_SAMPLES):
-        ...     bucket.step_s[0].add(0.5)
-        ...     bucket.step_s[4].add(1.5)
+        ...     bucket.add_step_time(0, 0.5)
+        ...     bucket.add_step_time(4, 1.5)
         >>> bucket.step_seconds(0), bucket.step_seconds(1), bucket.step_seconds(4)
         (0.5, 0.75, 1.5)
         """
-        measured = [j for j, times in enumerate(self.step_s) if times.samples >= MIN_PLAIN_SAMPLES]
+        measured = self.current_lengths()
         if num_drafts in measured:
             return self.step_s[num_drafts].value
         below = max(j for j in measured if j < num_drafts)
@@ -168,6 +188,43 @@ class BucketState:
         return self.step_s[below].value + fraction * (
             self.step_s[above].value - self.step_s[below].value
         )
+
+    def current_lengths(self) -> list[int]:
+        """The lengths whose median step time stands: measured MIN_PLAIN_SAMPLES times and
+        not stale.
+
+        One draft measured at 0.47 s in a slow stretch, then none and 3 drafts for 200
+        steps at 0.22 s and 0.61 s: one draft's time is interpolated, 0.35 s, until it is
+        measured again.
+
+        >>> bucket = BucketState(max_drafts=3)
+        >>> for _ in range(MIN_DRAFTING_SAMPLES):
+        ...     bucket.add_step_time(1, 0.47)
+        >>> for step in range(1, 201):
+        ...     bucket.steps = step
+        ...     bucket.add_step_time(0, 0.22)
+        ...     bucket.add_step_time(3, 0.61)
+        >>> bucket.current_lengths(), round(bucket.step_seconds(1), 2)
+        ([0, 3], 0.35)
+        >>> bucket.add_step_time(1, 0.36)
+        >>> bucket.step_s[1].samples, round(bucket.step_seconds(1), 2)
+        (1, 0.35)
+        """
+        stale = self.stale_lengths()
+        return [j for j in self.measured_lengths() if j not in stale]
+
+    def measured_lengths(self) -> list[int]:
+        return [j for j, times in enumerate(self.step_s) if times.samples >= MIN_PLAIN_SAMPLES]
+
+    def stale_lengths(self) -> list[int]:
+        """Measured lengths not measured in the last STALE_STEPS steps while lengths on
+        both sides of them were."""
+        measured = self.measured_lengths()
+        recent = [j for j in measured if self.steps - self.measured_at[j] <= STALE_STEPS]
+        return [
+            j for j in measured
+            if j not in recent and any(i < j for i in recent) and any(i > j for i in recent)
+        ]
 
 
 class DraftLengthChooser:
@@ -232,8 +289,9 @@ class DraftLengthChooser:
         one. Steps that change the number of drafts measure no length's step time."""
         index = self._bucket_index(batch_size)
         bucket = self.buckets[index]
+        bucket.steps += 1
         if verified_drafts == next_drafts and verified_drafts <= self.max_drafts:
-            bucket.step_s[verified_drafts].add(step_seconds)
+            bucket.add_step_time(verified_drafts, step_seconds)
         if verified_drafts and accepted_shares is not None:
             self._record_acceptance(accepted_shares)
         drafting_samples = (
