@@ -17,6 +17,13 @@ requires_vllm_onednn = pytest.mark.skipif(
     not hasattr(torch.ops._C, "onednn_scaled_mm"),
     reason="vLLM's oneDNN int8 GEMM is in its CPU build only",
 )
+# Without int8 dot-product instructions vLLM's oneDNN int8 GEMM is not the exact int8
+# product: on a Zen 3 EPYC (AVX2 only) up to 9.1 off it where a correct one is within 1e-5,
+# and int8 LM-head logits 4.9% off the unquantized ones where a correct one is within 2%.
+requires_exact_onednn_int8 = pytest.mark.skipif(
+    cpu_int8.has_int8_dot_products(cpu_int8.cpu_flags()) is False,
+    reason="vLLM's oneDNN int8 GEMM is not exact on a CPU without int8 dot products",
+)
 
 
 def cpuinfo(tmp_path: Path, flags: str, name: str = "cpuinfo") -> Path:
@@ -62,7 +69,15 @@ def test_warns_once_where_int8_has_no_dot_products(
 
 
 @requires_vllm_onednn
-@pytest.mark.parametrize("rows", [1, SMALL_BATCH_MAX_ROWS, SMALL_BATCH_MAX_ROWS + 1, 16])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        1,
+        SMALL_BATCH_MAX_ROWS,
+        pytest.param(SMALL_BATCH_MAX_ROWS + 1, marks=requires_exact_onednn_int8),
+        pytest.param(16, marks=requires_exact_onednn_int8),
+    ],
+)
 def test_small_batches_take_the_kernel_and_larger_ones_onednn(rows: int) -> None:
     from vllm import _custom_ops as vllm_ops
 

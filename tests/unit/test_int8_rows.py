@@ -6,10 +6,11 @@ import torch
 
 from specextend_vllm.algorithm.int8_rows import quantize_rows
 from specextend_vllm.vllm_access.layers import Int8RowsLogits
-from tests.unit.test_cpu_int8 import requires_vllm_onednn
+from tests.unit.test_cpu_int8 import requires_exact_onednn_int8, requires_vllm_onednn
 
 
 @requires_vllm_onednn
+@requires_exact_onednn_int8
 @pytest.mark.parametrize("num_tokens", [1, 5])
 def test_int8_rows_logits_match_the_unquantized_rows(num_tokens: int) -> None:
     """Catches a wrong scale (per column instead of per row, or the activations' left
