@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,21 @@ def machine() -> dict[str, Any]:
 
 
 MATMUL_SIZE = 512
+COPY_BYTES = 256 * 2**20
+
+
+def fastest_rate(work: Callable[[], None], units: float, seconds: float, slices: int) -> float:
+    """`units` per second of `work` (units done per call), the fastest of `slices`
+    stretches of `seconds` of calling it."""
+    rates = []
+    for _ in range(slices):
+        calls = 0
+        start = time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            work()
+            calls += 1
+        rates.append(units * calls / elapsed)
+    return max(rates)
 
 
 def machine_gflops(seconds: float = 0.1, slices: int = 3) -> float:
@@ -86,18 +102,7 @@ def machine_gflops(seconds: float = 0.1, slices: int = 3) -> float:
     import torch
 
     a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
-    rates = []
-    for _ in range(slices):
-        products = 0
-        start = time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds:
-            torch.mm(a, a)
-            products += 1
-        rates.append(2 * MATMUL_SIZE**3 * products / elapsed / 1e9)
-    return max(rates)
-
-
-COPY_BYTES = 256 * 2**20
+    return fastest_rate(lambda: torch.mm(a, a), 2 * MATMUL_SIZE**3 / 1e9, seconds, slices)
 
 
 def machine_memory_gbps(seconds: float = 0.1, slices: int = 3) -> float:
@@ -110,15 +115,7 @@ def machine_memory_gbps(seconds: float = 0.1, slices: int = 3) -> float:
     source = torch.empty(COPY_BYTES // 4)
     source.fill_(1.0)
     destination = torch.empty_like(source)
-    rates = []
-    for _ in range(slices):
-        copies = 0
-        start = time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds:
-            destination.copy_(source)
-            copies += 1
-        rates.append(2 * COPY_BYTES * copies / elapsed / 1e9)
-    return max(rates)
+    return fastest_rate(lambda: destination.copy_(source), 2 * COPY_BYTES / 1e9, seconds, slices)
 
 
 def make_llm(target: Path | str, speculative_config: dict[str, Any] | None, max_model_len: int, **kwargs: Any) -> Any:
