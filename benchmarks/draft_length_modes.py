@@ -45,7 +45,7 @@ from typing import Any
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from benchmarks import engine  # noqa: E402
-from benchmarks.genres import GENRES, genre_texts, named_texts  # noqa: E402
+from benchmarks.genres import GENRES, prompt_texts  # noqa: E402
 
 # Mode name -> drafts per step, None for the chooser's own.
 MODES: dict[str, int | None] = {
@@ -311,16 +311,11 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     return rows
 
 
-def prompt_texts(args: argparse.Namespace) -> dict[str, str]:
-    """The texts to prompt with, by label: `--texts` by name (`benchmarks.genres.named_texts`),
-    or else one text of each genre of `--genres`, its first `--skip-texts` left out."""
-    if args.texts:
-        return named_texts(args.texts)
-    return {
-        f"{genre}: {name}": text
-        for genre, by_name in genre_texts(args.genres).items()
-        for name, text in list(by_name.items())[args.skip_texts : args.skip_texts + 1]
-    }
+def prompt_labels(args: argparse.Namespace) -> dict[str, str]:
+    """The texts to prompt with, by label: `--texts` by name, or else one text of each genre
+    of `--genres`, its first `--skip-texts` left out (`benchmarks.genres.prompt_texts`)."""
+    texts = prompt_texts(args.texts, None if args.texts else args.genres, args.skip_texts, 1)
+    return {f"{genre}: {name}" if genre else name: text for genre, name, text in texts}
 
 
 def main() -> None:
@@ -372,7 +367,7 @@ def main() -> None:
         enforce_eager=not args.compiled,
     )
     results: dict[str, Any] = {}
-    for label, text in prompt_texts(args).items():
+    for label, text in prompt_labels(args).items():
         llm.reset_prefix_cache()
         prompt_results = run_prompt(llm, summary_prompt(tokenizer, text, args.length), args)
         prompt_results["summary"] = summary(prompt_results)

@@ -86,3 +86,18 @@ GENRES: dict[str, Callable[[], dict[str, str]]] = {
 def genre_texts(genres: list[str]) -> dict[str, dict[str, str]]:
     """Texts of these genres, by genre, then by name."""
     return {genre: GENRES[genre]() for genre in genres}
+
+
+def prompt_texts(
+    names: Sequence[str], genres: Sequence[str] | None, skip_texts: int, per_genre: int
+) -> list[tuple[str | None, str, str]]:
+    """(genre, name, text) of each text to prompt with: `per_genre` texts of each of
+    `genres`, each genre's first `skip_texts` left out; without genres, `names` by name
+    (`named_texts`), their genre None."""
+    if genres:
+        return [
+            (genre, name, text)
+            for genre, by_name in genre_texts(list(genres)).items()
+            for name, text in list(by_name.items())[skip_texts : skip_texts + per_genre]
+        ]
+    return [(None, name, text) for name, text in named_texts(names).items()]

@@ -35,7 +35,7 @@ from typing import Any
 os.environ.setdefault("SPECEXTEND_STEP_TIMINGS", "1")
 
 from benchmarks import engine  # noqa: E402
-from benchmarks.genres import GENRES, genre_texts, named_texts  # noqa: E402
+from benchmarks.genres import GENRES, named_texts, prompt_texts  # noqa: E402
 from benchmarks.prompts import (  # noqa: E402
     draft_origin_of_tokens,
     needle_prompt,
@@ -201,7 +201,9 @@ def run_lengths(
     prompts = [
         {"length": length, "genre": genre, "text": name, "token_ids": summary_prompt(tokenizer, text, length)}
         for length in args.lengths
-        for genre, name, text in prompt_texts(args)
+        for genre, name, text in prompt_texts(
+            args.texts[: args.texts_per_length], args.genres, args.skip_texts, args.texts_per_length
+        )
     ]
     runs: list[dict[str, Any]] = []
     max_model_len = max(args.lengths) + args.max_tokens + 64
@@ -244,21 +246,6 @@ def run_lengths(
         "cells": speed_cells(runs),
         "earlier_args": earlier.get("earlier_args", []) + ([earlier["args"]] if earlier else []),
     }
-
-
-def prompt_texts(args: argparse.Namespace) -> list[tuple[str | None, str, str]]:
-    """(genre, name, text) of each text to prompt with: --texts-per-length texts of each
-    genre of --genres, or else of --texts."""
-    if args.genres:
-        return [
-            (genre, name, text)
-            for genre, by_name in genre_texts(args.genres).items()
-            for name, text in list(by_name.items())[
-                args.skip_texts : args.skip_texts + args.texts_per_length
-            ]
-        ]
-    texts = named_texts(args.texts[: args.texts_per_length])
-    return [(None, name, text) for name, text in texts.items()]
 
 
 def results_path(args: argparse.Namespace) -> Path:

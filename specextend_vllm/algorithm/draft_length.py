@@ -167,8 +167,8 @@ class BucketState:
             return min(self.length + 1, len(self.step_s) - 1)
         return self.length
 
-    def step_seconds(self, num_drafts: int) -> float:
-        """The median step time of `num_drafts` drafts, or, measured fewer than
+    def step_times(self) -> list[float]:
+        """Each length's step time, 0 to k drafts: its median, or, measured fewer than
         MIN_PLAIN_SAMPLES times or stale (`current_lengths`), interpolated between the
         nearest measured lengths (none and k are measured first).
 
@@ -176,18 +176,23 @@ class BucketState:
         >>> for _ in range(MIN_DRAFTING_SAMPLES):
         ...     bucket.add_step_time(0, 0.5)
         ...     bucket.add_step_time(4, 1.5)
-        >>> bucket.step_seconds(0), bucket.step_seconds(1), bucket.step_seconds(4)
-        (0.5, 0.75, 1.5)
+        >>> bucket.step_times()
+        [0.5, 0.75, 1.0, 1.25, 1.5]
         """
         measured = self.current_lengths()
-        if num_drafts in measured:
-            return self.step_s[num_drafts].value
-        below = max(j for j in measured if j < num_drafts)
-        above = min(j for j in measured if j > num_drafts)
-        fraction = (num_drafts - below) / (above - below)
-        return self.step_s[below].value + fraction * (
-            self.step_s[above].value - self.step_s[below].value
-        )
+        times = []
+        for num_drafts, recent in enumerate(self.step_s):
+            if num_drafts in measured:
+                times.append(recent.value)
+                continue
+            below = max(j for j in measured if j < num_drafts)
+            above = min(j for j in measured if j > num_drafts)
+            fraction = (num_drafts - below) / (above - below)
+            times.append(
+                self.step_s[below].value
+                + fraction * (self.step_s[above].value - self.step_s[below].value)
+            )
+        return times
 
     def current_lengths(self) -> list[int]:
         """The lengths whose median step time stands: measured MIN_PLAIN_SAMPLES times and
@@ -204,10 +209,10 @@ class BucketState:
         ...     bucket.steps = step
         ...     bucket.add_step_time(0, 0.22)
         ...     bucket.add_step_time(3, 0.61)
-        >>> bucket.current_lengths(), round(bucket.step_seconds(1), 2)
+        >>> bucket.current_lengths(), round(bucket.step_times()[1], 2)
         ([0, 3], 0.35)
         >>> bucket.add_step_time(1, 0.36)
-        >>> bucket.step_s[1].samples, round(bucket.step_seconds(1), 2)
+        >>> bucket.step_s[1].samples, round(bucket.step_times()[1], 2)
         (1, 0.35)
         """
         stale = self.stale_lengths()
@@ -302,8 +307,9 @@ class DraftLengthChooser:
         if bucket.measured(drafting_samples):
             preferred, length = bucket.prefers_drafting, bucket.length
             tokens = self._tokens_per_length()
-            rates = {j: tokens[j] / bucket.step_seconds(j) for j in self.drafting_lengths}
-            win, explored_tokens_ratio = self._update_choice(bucket, tokens, rates)
+            step_times = bucket.step_times()
+            rates = {j: tokens[j] / step_times[j] for j in self.drafting_lengths}
+            win, explored_tokens_ratio = self._update_choice(bucket, tokens, rates, step_times[0])
             bucket.exploration.count_step(
                 bucket.prefers_drafting != preferred,
                 win,
@@ -339,7 +345,8 @@ class DraftLengthChooser:
         if not num_drafts or not measured or not bucket.prefers_drafting:
             return None
         tokens = self._tokens_per_length()[num_drafts]
-        return bucket.step_seconds(0) - bucket.step_seconds(num_drafts) / tokens
+        step_times = bucket.step_times()
+        return step_times[0] - step_times[num_drafts] / tokens
 
     def plain_step_seconds(self, batch_size: int) -> float | None:
         """A plain step's time in the bucket of this batch size, or, not measured there,
@@ -361,7 +368,7 @@ class DraftLengthChooser:
         if not measured:
             return None
         nearest = min(measured, key=lambda i: abs(i - index))
-        return self.buckets[nearest].step_seconds(0)
+        return self.buckets[nearest].step_s[0].value
 
     def _bucket_index(self, batch_size: int) -> int:
         return min(batch_size_bucket(batch_size), len(self.buckets) - 1)
@@ -391,17 +398,21 @@ class DraftLengthChooser:
         return {j: self.draft_acceptance.tokens(j) for j in self.drafting_lengths}
 
     def _update_choice(
-        self, bucket: BucketState, tokens: dict[int, float], rates: dict[int, float]
+        self,
+        bucket: BucketState,
+        tokens: dict[int, float],
+        rates: dict[int, float],
+        plain_step_seconds: float,
     ) -> tuple[float, float]:
         """Updates the bucket's length from each drafting length's tokens per step and per
-        second; returns how many times faster drafting or not, whichever is kept, measures
+        second and a plain step's time; returns how many times faster drafting or not, whichever is kept, measures
         than the other, and the other's tokens per step over the kept one's."""
         best = max(rates, key=rates.__getitem__)
         kept = bucket.length
         if kept and keeps_preference(True, rates[kept], rates[best]):
             best = kept
         drafting_rate = rates[best]
-        plain_rate = 1.0 / bucket.step_seconds(0)
+        plain_rate = 1.0 / plain_step_seconds
         drafts = keeps_preference(bucket.prefers_drafting, drafting_rate, plain_rate)
         bucket.drafting_length = best
         bucket.length = best if drafts else 0

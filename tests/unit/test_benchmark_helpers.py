@@ -36,19 +36,26 @@ def test_code_texts_are_any_module_of_the_standard_library_in_the_order_named() 
     assert texts["code/argparse"] == python_sources()["code/argparse"]
 
 
-def test_draft_length_modes_prompts_with_the_texts_named_or_one_of_each_genre() -> None:
-    """`--texts` in the order named, as `benchmarks.long_inputs` takes them; without it,
-    each genre's text after the first `--skip-texts`."""
+def test_benchmarks_prompt_with_the_texts_named_or_those_of_each_genre() -> None:
+    """`--texts` in the order named; with genres, each genre's texts after the first
+    `--skip-texts`; `draft_length_modes` labels a genre's text with its genre and takes
+    `--texts` before its default genres."""
     from argparse import Namespace
 
-    from benchmarks.draft_length_modes import prompt_texts
+    from benchmarks.draft_length_modes import prompt_labels
+    from benchmarks.genres import prompt_texts
 
-    named = prompt_texts(Namespace(texts=["code/typing", "code/dataclasses"], genres=["code"], skip_texts=2))
-    assert named == named_texts(["code/typing", "code/dataclasses"])
-    by_genre = prompt_texts(Namespace(texts=None, genres=["code"], skip_texts=1))
-    [(label, text)] = by_genre.items()
-    second_name, second_text = list(python_sources().items())[1]
-    assert (label, text) == (f"code: {second_name}", second_text)
+    names = ["code/typing", "code/dataclasses"]
+    named = prompt_texts(names, None, skip_texts=2, per_genre=1)
+    assert named == [(None, name, text) for name, text in named_texts(names).items()]
+    by_genre = prompt_texts(names, ["code"], skip_texts=1, per_genre=2)
+    sources = list(python_sources().items())[1:3]
+    assert by_genre == [("code", name, text) for name, text in sources]
+
+    labelled = prompt_labels(Namespace(texts=names, genres=["code"], skip_texts=2))
+    assert labelled == named_texts(names)
+    [(label, text)] = prompt_labels(Namespace(texts=None, genres=["code"], skip_texts=1)).items()
+    assert (label, text) == (f"code: {sources[0][0]}", sources[0][1])
 
 
 def test_the_simulated_decode_replays_the_saved_drafts_at_any_number_of_drafts() -> None:
