@@ -14,17 +14,19 @@ A step of j drafts takes `1 + verify_base + j * per_draft` plain steps (j > 0), 
 machine's speed then and a 3% noise; the cost profiles are what step timings measured:
 `verify_costly` (verifying 5 tokens 1.3x a plain forward and a drafted token 0.12 of one,
 the AMD EPYC at 3K-8K), `verify_cheap` (verifying 5 tokens about a plain forward's time,
-the AMX Xeon whose 8K steps are memory-bound) and `fp32_draft` (a drafted token 0.3 of a
-plain step). The machine runs `steady`, in `stretches` (10-80 plain steps at 1.0, 1.25 or
-1.4x the time) or on a random `walk`; the engine's first 15 steps take 1.3x the time.
-Each policy (the chooser, or j drafts every step) decodes the same workload on the same
-machine (its speed a function of the time elapsed). Printed and saved
+the AMX Xeon whose 8K steps are memory-bound), `fp32_draft` (a drafted token 0.3 of a
+plain step) and `fp32_draft_avx2` (a drafted token 0.5 of one, where drafting about
+breaks even: the fp32 draft on a 2-core Zen 3 EPYC without int8 dot products, 1K-4K). The
+machine runs `steady`, in `stretches` (10-80 plain steps at 1.0, 1.25 or 1.4x the time)
+or on a random `walk`; the engine's first 15 steps take 1.3x the time. Each policy (the
+chooser, or j drafts every step) decodes the same workload on the same machine (its speed
+a function of the time elapsed). Printed and saved
 (`benchmarks/results/<output>.json`): the chooser's tokens per second over the best fixed
 number of drafts and over 4 every step (`draft_model`'s choice), medians and minima over
 workloads and seeds, and how many fall below 0.97x.
 
     python -m benchmarks.draft_length_simulation [--seeds 5] [--repeats 1 3 30]
-        [--output draft_length_simulation]
+        [--profiles verify_costly ...] [--output draft_length_simulation]
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ COST_PROFILES = {
     "verify_costly": StepCosts(verify_base=0.1, per_draft=0.05 + 0.12),
     "verify_cheap": StepCosts(verify_base=0.03, per_draft=0.01 + 0.10),
     "fp32_draft": StepCosts(verify_base=0.1, per_draft=0.05 + 0.30),
+    "fp32_draft_avx2": StepCosts(verify_base=0.1, per_draft=0.5),
 }
 
 
@@ -200,6 +203,7 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, nargs="+", default=[1, 3, 30])
+    parser.add_argument("--profiles", nargs="+", choices=list(COST_PROFILES), default=list(COST_PROFILES))
     parser.add_argument("--output", default="draft_length_simulation")
     args = parser.parse_args()
     results: dict[str, Any] = {}
@@ -210,7 +214,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for repeats in args.repeats:
         workloads = saved_workloads(repeats)
-        for profile, costs in COST_PROFILES.items():
+        for profile in args.profiles:
+            costs = COST_PROFILES[profile]
             for kind in ("steady", "stretches", "walk"):
                 against_best, against_four = [], []
                 for workload in workloads.values():
