@@ -203,7 +203,9 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, nargs="+", default=[1, 3, 30])
-    parser.add_argument("--profiles", nargs="+", choices=list(COST_PROFILES), default=list(COST_PROFILES))
+    parser.add_argument(
+        "--profiles", nargs="+", choices=list(COST_PROFILES), default=list(COST_PROFILES)
+    )
     parser.add_argument("--output", default="draft_length_simulation")
     args = parser.parse_args()
     results: dict[str, Any] = {}

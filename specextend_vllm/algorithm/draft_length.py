@@ -405,8 +405,9 @@ class DraftLengthChooser:
         plain_step_seconds: float,
     ) -> tuple[float, float]:
         """Updates the bucket's length from each drafting length's tokens per step and per
-        second and a plain step's time; returns how many times faster drafting or not, whichever is kept, measures
-        than the other, and the other's tokens per step over the kept one's."""
+        second and a plain step's time; returns how many times faster drafting or not,
+        whichever is kept, measures than the other, and the other's tokens per step over the
+        kept one's."""
         best = max(rates, key=rates.__getitem__)
         kept = bucket.length
         if kept and keeps_preference(True, rates[kept], rates[best]):

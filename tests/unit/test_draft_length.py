@@ -355,11 +355,20 @@ def test_a_shorter_length_measured_slow_once_is_measured_again() -> None:
     is interpolated, drafted again and kept."""
     chooser = DraftLengthChooser(K, max_batch_size=1)
     rate = 0.7
-    for num_drafts, seconds, count in ((K, 0.61, MIN_DRAFTING_SAMPLES), (0, 0.22, MIN_PLAIN_SAMPLES), (1, 0.47, MIN_DRAFTING_SAMPLES)):
+    first_steps = (
+        (K, 0.61, MIN_DRAFTING_SAMPLES),
+        (0, 0.22, MIN_PLAIN_SAMPLES),
+        (1, 0.47, MIN_DRAFTING_SAMPLES),
+    )
+    for num_drafts, seconds, count in first_steps:
+        shares = [rate ** (i + 1) for i in range(num_drafts)]
         for _ in range(count):
-            chooser.record_step(1, num_drafts, num_drafts, seconds, [rate ** (i + 1) for i in range(num_drafts)])
+            chooser.record_step(1, num_drafts, num_drafts, seconds, shares)
     assert chooser.lookup[1] == 0
-    scheduled = run_steps(chooser, 1, STALE_STEPS + 300, drafting_s=0.61, plain_s=0.22, tokens=expected_tokens(rate, K))
+    scheduled = run_steps(
+        chooser, 1, STALE_STEPS + 300,
+        drafting_s=0.61, plain_s=0.22, tokens=expected_tokens(rate, K),
+    )
     assert scheduled[-200:].count(1) >= 0.9 * 200
 
 
