@@ -9,8 +9,11 @@ prompts at each concurrency, in the order given: long prompts cut from texts of 
 genres, greedy, a fixed number of new tokens. The prefix cache stays on, as in serving, so
 the first concurrency pays the prefills and the later ones find the prompts cached and
 measure decoding under load (their time to first token is then that of a cached prompt).
-Saves benchmarks/results/serving.json (vLLM's figures per run, and what each run added to
-the server's speculative counters) and prints a table.
+With `--rounds N` the servers start in turn N times (no speculation, then the other
+methods, again), so that a machine whose speed drifts slows every method alike, and each
+method's ratios to no speculation are taken within a round and summed up as their median
+(min-max) over rounds. Saves benchmarks/results/serving.json (vLLM's figures per run, what
+each run added to the server's speculative counters, and the summary) and prints both.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import statistics
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,12 @@ FIGURES = (
     "completed",
     "failed",
 )
+# Figures compared with no speculation's in the same round and at the same concurrency.
+RATIOS = {
+    "throughput_vs_no_speculation": "output_throughput",
+    "mean_ttft_vs_no_speculation": "mean_ttft_ms",
+    "mean_tpot_vs_no_speculation": "mean_tpot_ms",
+}
 # The server's counters each run adds to (0 where a server has none).
 COUNTERS = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
@@ -157,38 +168,81 @@ def bench_serve(target: Path, port: int, prompts: Path, args: argparse.Namespace
 def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any, work: Path) -> list[dict[str, Any]]:
     prompts = work / "prompts.jsonl"
     write_prompts(tokenizer, args.length, args.num_prompts, prompts)
+    configs = speculative_configs(draft, args.k)
     rows = []
-    for method, speculative_config in speculative_configs(draft, args.k).items():
-        if method not in args.methods:
-            continue
-        port = free_port()
-        log_path = work / f"{method}.log"
-        print(f"[serving] {method}: starting vllm serve (log: {log_path})", flush=True)
-        with log_path.open("w") as log:
-            server = start_server(target, speculative_config, port, args, log)
-            try:
-                wait_until_ready(server, port)
-                for concurrency in args.concurrency:
-                    print(f"[serving] {method}: concurrency {concurrency}", flush=True)
-                    before = server_counters(port)
-                    figures = bench_serve(target, port, prompts, args, concurrency, work / f"{method}_{concurrency}.json")
-                    after = server_counters(port)
-                    rows.append(
-                        {"method": method, "concurrency": concurrency, "length": args.length}
-                        | {key: figures.get(key) for key in FIGURES}
-                        | {key: after[key] - before[key] for key in COUNTERS}
-                    )
-            finally:
-                stop_server(server)
-    for row in rows:
-        plain = next(r for r in rows if r["method"] == "no_speculation" and r["concurrency"] == row["concurrency"])
-        row["throughput_vs_no_speculation"] = row["output_throughput"] / plain["output_throughput"]
+    for round_index in range(args.rounds):
+        for method in args.methods:
+            port = free_port()
+            log_path = work / f"{method}_{round_index}.log"
+            print(
+                f"[serving] round {round_index + 1}, {method}: starting vllm serve "
+                f"(log: {log_path})",
+                flush=True,
+            )
+            with log_path.open("w") as log:
+                server = start_server(target, configs[method], port, args, log)
+                try:
+                    wait_until_ready(server, port)
+                    for concurrency in args.concurrency:
+                        print(f"[serving] {method}: concurrency {concurrency}", flush=True)
+                        before = server_counters(port)
+                        result = work / f"{method}_{round_index}_{concurrency}.json"
+                        figures = bench_serve(target, port, prompts, args, concurrency, result)
+                        after = server_counters(port)
+                        rows.append(
+                            {"method": method, "round": round_index, "concurrency": concurrency}
+                            | {"length": args.length}
+                            | {key: figures.get(key) for key in FIGURES}
+                            | {key: after[key] - before[key] for key in COUNTERS}
+                        )
+                finally:
+                    stop_server(server)
+    add_ratios(rows)
     return rows
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's RATIOS against no speculation's row of the same round and concurrency
+    (rows saved before rounds existed count as round 0)."""
+    plain = {
+        (row.get("round", 0), row["concurrency"]): row
+        for row in rows
+        if row["method"] == "no_speculation"
+    }
+    for row in rows:
+        reference = plain[row.get("round", 0), row["concurrency"]]
+        for ratio, figure in RATIOS.items():
+            row[ratio] = row[figure] / reference[figure]
+
+
+def over_rounds(
+    rows: Sequence[dict[str, Any]], keys: Sequence[str] = tuple(RATIOS)
+) -> list[dict[str, Any]]:
+    """Per method and concurrency, in the rows' order, each key's median, min and max over
+    the rounds.
+
+    >>> rows = [{"method": "m", "concurrency": 4, "round": r, "x": x}
+    ...         for r, x in enumerate([0.9, 1.2, 1.0])]
+    >>> over_rounds(rows, ["x"])
+    [{'method': 'm', 'concurrency': 4, 'rounds': 3, 'x': [1.0, 0.9, 1.2]}]
+    """
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["method"], row["concurrency"]), []).append(row)
+    return [
+        {"method": method, "concurrency": concurrency, "rounds": len(group)}
+        | {
+            key: [statistics.median(values), min(values), max(values)]
+            for key in keys
+            for values in [[row[key] for row in group]]
+        }
+        for (method, concurrency), group in groups.items()
+    ]
 
 
 def plot(results_path: Path) -> Path:
     """Output tokens/s relative to no speculation, and time per output token, per
-    method and concurrency."""
+    method and concurrency: medians over the rounds, bars from min to max."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,11 +254,17 @@ def plot(results_path: Path) -> Path:
     concurrencies = sorted({row["concurrency"] for row in rows})
     figure, panels = plt.subplots(1, 2, figsize=(10, 4))
     width = 0.8 / len(methods)
+    keys = ("throughput_vs_no_speculation", "mean_tpot_ms")
+    summary = over_rounds(rows, keys)
     for index, method in enumerate(methods):
-        by_concurrency = {row["concurrency"]: row for row in rows if row["method"] == method}
+        by_concurrency = {cell["concurrency"]: cell for cell in summary if cell["method"] == method}
         offsets = [c + (index - (len(methods) - 1) / 2) * width for c in range(len(concurrencies))]
-        for panel, key in zip(panels, ("throughput_vs_no_speculation", "mean_tpot_ms")):
-            panel.bar(offsets, [by_concurrency[c][key] for c in concurrencies], width, label=method)
+        for panel, key in zip(panels, keys):
+            medians, lows, highs = zip(*(by_concurrency[c][key] for c in concurrencies))
+            spread = [
+                [m - low for m, low in zip(medians, lows)], [h - m for m, h in zip(medians, highs)]
+            ]
+            panel.bar(offsets, medians, width, yerr=spread, capsize=2, label=method)
     for panel, label in zip(panels, ("output tokens/s / no speculation", "mean time per output token (ms)")):
         panel.set_xticks(range(len(concurrencies)), [f"concurrency {c}" for c in concurrencies])
         panel.set_ylabel(label)
@@ -240,6 +300,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--methods", nargs="+", default=["no_speculation", "draft_model", "specextend"])
     parser.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of each server")
+    parser.add_argument("--rounds", type=int, default=1, help="times the servers start in turn")
     parser.add_argument("--run-timeout-s", type=int, default=3600)
     parser.add_argument(
         "--compiled", action="store_true",
@@ -250,6 +311,12 @@ def main() -> None:
     args = parser.parse_args()
     if "no_speculation" not in args.methods:
         parser.error("--methods must include no_speculation: the table is relative to it")
+    allowed = sorted(speculative_configs(Path(), args.k))
+    unknown = sorted(set(args.methods) - set(allowed))
+    if unknown:
+        parser.error(f"unknown --methods {unknown}; allowed: {allowed}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     path = engine.RESULTS / f"{args.output}.json"
     if args.plot_only:
         print(f"saved {plot(path)}")
@@ -260,15 +327,29 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target)
     with tempfile.TemporaryDirectory(prefix="specextend-serving-") as work:
         rows = run(args, draft, target, tokenizer, Path(work))
-    record = {"args": vars(args), "machine": engine.machine(), "table": rows}
+    summary = over_rounds(rows)
+    record = {"args": vars(args), "machine": engine.machine(), "table": rows, "summary": summary}
     path.write_text(json.dumps(record, indent=1))
-    print("method | concurrency | output tok/s | vs no spec | median TTFT ms | median ITL ms | p99 ITL ms | failed")
+    print(
+        "round | method | concurrency | output tok/s | vs no spec | median TTFT ms | "
+        "median ITL ms | p99 ITL ms | failed"
+    )
     for row in rows:
         print(
-            f"{row['method']} | {row['concurrency']} | {row['output_throughput']:.2f} | "
+            f"{row['round'] + 1} | {row['method']} | {row['concurrency']} | "
+            f"{row['output_throughput']:.2f} | "
             f"{row['throughput_vs_no_speculation']:.2f} | {row['median_ttft_ms']:.0f} | "
             f"{row['median_itl_ms']:.0f} | {row['p99_itl_ms']:.0f} | {row['failed']}"
         )
+    print(
+        "method | concurrency | rounds | vs no spec, median (min-max): output tok/s, "
+        "mean TTFT, mean time per output token"
+    )
+    for cell in summary:
+        figures = ", ".join(
+            f"{median:.2f} ({low:.2f}-{high:.2f})" for median, low, high in map(cell.get, RATIOS)
+        )
+        print(f"{cell['method']} | {cell['concurrency']} | {cell['rounds']} | {figures}")
     print(f"saved {path} and {plot(path)}")
 
 

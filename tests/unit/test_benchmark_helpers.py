@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from benchmarks.draft_length_simulation import COST_PROFILES, Machine, correct_d
 from benchmarks.forward_parts import PartClock, decode_figures, prefill_figures
 from benchmarks.genres import named_texts, python_sources
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
+from benchmarks.serving import add_ratios, over_rounds, plot
 from benchmarks.speed_summary import cells_at_defaults, summarize
 
 
@@ -312,6 +314,37 @@ def test_saved_runs_name_the_commit_of_the_code_they_ran(tmp_path: Path) -> None
     assert source_commit(tmp_path) == commit
     (tmp_path / "specextend_vllm" / "a.py").write_text("x = 2\n")
     assert source_commit(tmp_path) == f"{commit}+changes"
+
+
+def test_serving_compares_each_server_with_no_speculation_in_its_own_round(
+    tmp_path: Path,
+) -> None:
+    def run(method: str, round_index: int, throughput: float, ttft_ms: float) -> dict:
+        return {
+            "method": method, "round": round_index, "concurrency": 4,
+            "output_throughput": throughput, "mean_ttft_ms": ttft_ms, "mean_tpot_ms": 100.0,
+        }
+
+    rows = [
+        run("no_speculation", 0, 10.0, 100.0),
+        run("specextend", 0, 11.0, 110.0),
+        run("no_speculation", 1, 5.0, 200.0),
+        run("specextend", 1, 4.5, 200.0),
+        run("no_speculation", 2, 8.0, 100.0),
+        run("specextend", 2, 9.6, 150.0),
+    ]
+    add_ratios(rows)
+    assert [row["throughput_vs_no_speculation"] for row in rows[1::2]] == pytest.approx(
+        [1.1, 0.9, 1.2]
+    )
+    specextend = next(cell for cell in over_rounds(rows) if cell["method"] == "specextend")
+    assert specextend["rounds"] == 3
+    assert specextend["throughput_vs_no_speculation"] == pytest.approx([1.1, 0.9, 1.2])
+    assert specextend["mean_ttft_vs_no_speculation"] == pytest.approx([1.1, 1.0, 1.5])
+    record = tmp_path / "serving.json"
+    args = {"length": 2048, "max_tokens": 64}
+    record.write_text(json.dumps({"args": args, "machine": {"cpu": "test"}, "table": rows}))
+    assert plot(record).exists()
 
 
 def test_the_retrieval_state_is_each_measured_choice_both_ways() -> None:
