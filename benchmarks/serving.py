@@ -22,10 +22,10 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
-import statistics
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
