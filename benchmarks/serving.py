@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import engine
+from benchmarks.draft_cost import summary
 from benchmarks.genres import GENRES, genre_texts
 from benchmarks.prompts import summary_prompt
 from benchmarks.server_health import wait_until_healthy
@@ -224,18 +224,14 @@ def over_rounds(
     >>> rows = [{"method": "m", "concurrency": 4, "round": r, "x": x}
     ...         for r, x in enumerate([0.9, 1.2, 1.0])]
     >>> over_rounds(rows, ["x"])
-    [{'method': 'm', 'concurrency': 4, 'rounds': 3, 'x': [1.0, 0.9, 1.2]}]
+    [{'method': 'm', 'concurrency': 4, 'rounds': 3, 'x': {'median': 1.0, 'min': 0.9, 'max': 1.2}}]
     """
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["method"], row["concurrency"]), []).append(row)
     return [
         {"method": method, "concurrency": concurrency, "rounds": len(group)}
-        | {
-            key: [statistics.median(values), min(values), max(values)]
-            for key in keys
-            for values in [[row[key] for row in group]]
-        }
+        | {key: summary([row[key] for row in group]) for key in keys}
         for (method, concurrency), group in groups.items()
     ]
 
@@ -255,14 +251,16 @@ def plot(results_path: Path) -> Path:
     figure, panels = plt.subplots(1, 2, figsize=(10, 4))
     width = 0.8 / len(methods)
     keys = ("throughput_vs_no_speculation", "mean_tpot_ms")
-    summary = over_rounds(rows, keys)
+    over = over_rounds(rows, keys)
     for index, method in enumerate(methods):
-        by_concurrency = {cell["concurrency"]: cell for cell in summary if cell["method"] == method}
+        by_concurrency = {cell["concurrency"]: cell for cell in over if cell["method"] == method}
         offsets = [c + (index - (len(methods) - 1) / 2) * width for c in range(len(concurrencies))]
         for panel, key in zip(panels, keys):
-            medians, lows, highs = zip(*(by_concurrency[c][key] for c in concurrencies))
+            cells = [by_concurrency[c][key] for c in concurrencies]
+            medians = [cell["median"] for cell in cells]
             spread = [
-                [m - low for m, low in zip(medians, lows)], [h - m for m, h in zip(medians, highs)]
+                [cell["median"] - cell["min"] for cell in cells],
+                [cell["max"] - cell["median"] for cell in cells],
             ]
             panel.bar(offsets, medians, width, yerr=spread, capsize=2, label=method)
     for panel, label in zip(panels, ("output tokens/s / no speculation", "mean time per output token (ms)")):
@@ -327,8 +325,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target)
     with tempfile.TemporaryDirectory(prefix="specextend-serving-") as work:
         rows = run(args, draft, target, tokenizer, Path(work))
-    summary = over_rounds(rows)
-    record = {"args": vars(args), "machine": engine.machine(), "table": rows, "summary": summary}
+    over = over_rounds(rows)
+    record = {"args": vars(args), "machine": engine.machine(), "table": rows, "summary": over}
     path.write_text(json.dumps(record, indent=1))
     print(
         "round | method | concurrency | output tok/s | vs no spec | median TTFT ms | "
@@ -345,9 +343,10 @@ def main() -> None:
         "method | concurrency | rounds | vs no spec, median (min-max): output tok/s, "
         "mean TTFT, mean time per output token"
     )
-    for cell in summary:
+    for cell in over:
         figures = ", ".join(
-            f"{median:.2f} ({low:.2f}-{high:.2f})" for median, low, high in map(cell.get, RATIOS)
+            f"{cell[key]['median']:.2f} ({cell[key]['min']:.2f}-{cell[key]['max']:.2f})"
+            for key in RATIOS
         )
         print(f"{cell['method']} | {cell['concurrency']} | {cell['rounds']} | {figures}")
     print(f"saved {path} and {plot(path)}")
