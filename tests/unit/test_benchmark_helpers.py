@@ -22,7 +22,7 @@ from benchmarks.forward_parts import PartClock, decode_figures, prefill_figures
 from benchmarks.genres import named_texts, python_sources
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
 from benchmarks.serving import add_ratios, over_rounds, plot
-from benchmarks.speed_summary import cells_at_defaults, summarize
+from benchmarks.speed_summary import cells_at_defaults, cells_in_one_engine, summarize
 
 
 def test_origin_of_each_output_token() -> None:
@@ -297,6 +297,48 @@ def test_the_speed_summary_counts_only_specextend_at_its_defaults_and_the_aims_p
     shorter = [dataclasses.replace(cell, length=4096, vs_faster=0.97) for cell in cells]
     assert [(r["length"], r["meet_faster_aim"], r["meet_draft_model_aim"]) for r in summarize(shorter)] == [
         (4096, 2, None)
+    ]
+
+
+def test_the_speed_summary_reads_cells_within_one_engine_by_medians_and_by_rounds() -> None:
+    rates = {
+        "auto": (5.0, 6.0, 4.0, 9.0),
+        "plain": (3.5, 3.5, 3.5, 3.5),
+        "plain_vllm_attention": (3.0, 3.0, 3.0, 3.0),
+        "draft_model_like": (6.0, 5.0, 5.0, 4.0),
+    }
+
+    def run(modes: list[str], **args: object) -> dict:
+        decodes = {
+            mode: [{"round": r, "decode_tokens_per_s": rate} for r, rate in enumerate(rates[mode])]
+            for mode in modes
+        }
+        summary = {mode: {"median": sorted(rates[mode])[1]} for mode in modes}
+        return {
+            "args": {"modes": modes, "length": 8192, **args},
+            "machine": {"cpu": "Intel(R) Xeon(R) Processor", "cpu_int8_dot_products": True},
+            "results": {"essays: essays/set_2": {"decodes": decodes, "summary": summary}},
+        }
+
+    assert cells_in_one_engine("a", run(["auto", "plain", "draft_model_like"])) == []
+    cell, = cells_in_one_engine("a", run(list(rates), draft_precision="fp32"))
+    # Medians: auto 5, no speculation's step 3, draft_model's algorithm 5; the rounds'
+    # ratios 5/6, 6/5, 4/5, 9/4: their median 1.02, where the medians' ratio is 1.0.
+    assert (cell.machine, cell.setup) == ("Intel Xeon", "fp32 draft, windowed draft prefill")
+    assert (cell.vs_faster, cell.vs_draft_model) == (1.0, 1.0)
+    assert cell.vs_no_speculation == pytest.approx(5 / 3)
+    assert cell.vs_faster_by_round == pytest.approx((6 / 5 + 5 / 6) / 2)
+    whole_prompt, = cells_in_one_engine("b", run(list(rates), draft_prefill_window="none"))
+    assert whole_prompt.setup == "int8 draft, whole-prompt draft prefill"
+    again = dataclasses.replace(cell, run="c", vs_faster_by_round=0.96)
+    rows = summarize([cell, again, whole_prompt])
+    aims = [
+        (row["setup"], row["runs"], row["meet_faster_aim_by_round"], row["meet_draft_model_aim"])
+        for row in rows
+    ]
+    assert aims == [
+        ("fp32 draft, windowed draft prefill", 2, 1, 0),
+        ("int8 draft, whole-prompt draft prefill", 1, 1, 0),
     ]
 
 
