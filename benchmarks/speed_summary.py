@@ -217,8 +217,8 @@ def markdown(rows: list[dict[str, Any]], misses: list[SpeedCell]) -> str:
     ]
     for row in rows:
         of_cells = f" of {row['cells']}"
-        draft_model_aim = row["meet_draft_model_aim"]
-        draft_model_aim = "" if draft_model_aim is None else f"{draft_model_aim}{of_cells}"
+        meeting = row["meet_draft_model_aim"]
+        draft_model_aim = "" if meeting is None else f"{meeting}{of_cells}"
         lines.append(
             f"| {row['length'] // 1024}K | {row['machine']} | "
             + (f"{row['setup']} | " if one_engine else "")
@@ -232,30 +232,38 @@ def markdown(rows: list[dict[str, Any]], misses: list[SpeedCell]) -> str:
     lines.append(f"Cells below {FASTER_AIM}x the faster (rounded down):")
     lines.extend(
         f"- {cell.length // 1024}K {cell.text} ({cell.machine}, {cell.run}): "
-        f"{math.floor(cell.vs_faster * 1000) / 1000:.3f}"
+        f"{rounded_down(cell.vs_faster)}"
         + (
             ""
             if cell.vs_faster_by_round is None
-            else f", by the rounds' median {math.floor(cell.vs_faster_by_round * 1000) / 1000:.3f}"
+            else f", by the rounds' median {rounded_down(cell.vs_faster_by_round)}"
         )
         for cell in misses
     )
     return "\n".join(lines)
 
 
-def summed_up(cells: list[SpeedCell]) -> dict[str, Any]:
-    """The rows, the cells below FASTER_AIM (shortest prompt first, then the furthest
-    below), and every cell."""
+def rounded_down(value: float) -> str:
+    """
+    >>> rounded_down(0.9699)
+    '0.969'
+    """
+    return f"{math.floor(value * 1000) / 1000:.3f}"
+
+
+def summed_up(cells: list[SpeedCell]) -> tuple[dict[str, Any], list[SpeedCell]]:
+    """The record to save (the rows, the cells below FASTER_AIM and every cell) and the
+    cells below FASTER_AIM, shortest prompt first, then the furthest below."""
     misses = sorted(
         (cell for cell in cells if cell.vs_faster < FASTER_AIM),
         key=lambda cell: (cell.length, cell.vs_faster),
     )
-    return {
+    record = {
         "rows": summarize(cells),
         "below_faster_aim": [asdict(cell) for cell in misses],
         "cells": [asdict(cell) for cell in cells],
-        "misses": misses,
     }
+    return record, misses
 
 
 def main() -> None:
@@ -272,13 +280,13 @@ def main() -> None:
         one_engine_cells += cells_in_one_engine(path.stem, json.loads(path.read_text()))
     if not cells:
         raise SystemExit(f"no speed cell at the defaults with a {args.draft_precision} draft in {args.results}")
-    speed_suite = summed_up(cells)
-    print(markdown(speed_suite["rows"], speed_suite.pop("misses")))
+    speed_suite, misses = summed_up(cells)
+    print(markdown(speed_suite["rows"], misses))
     record: dict[str, Any] = {"args": {"draft_precision": args.draft_precision}, **speed_suite}
     if one_engine_cells:
-        one_engine = summed_up(one_engine_cells)
+        one_engine, misses = summed_up(one_engine_cells)
         print("\nWithin one engine:\n")
-        print(markdown(one_engine["rows"], one_engine.pop("misses")))
+        print(markdown(one_engine["rows"], misses))
         record["one_engine"] = one_engine
     (args.results / f"{args.output}.json").write_text(json.dumps(record, indent=1) + "\n")
 
