@@ -97,14 +97,16 @@ def cells_at_defaults(run: str, saved: dict[str, Any], draft_precision: str) -> 
 def cells_in_one_engine(run: str, saved: dict[str, Any]) -> list[SpeedCell]:
     """The `auto` cells of one saved `draft_length_modes` run whose rounds decoded each prompt
     in `auto`, `plain_vllm_attention` and `draft_model_like` (no speculation and
-    `draft_model` in that engine); none otherwise.
+    `draft_model` in that engine); none otherwise. The ratios of the medians are those the
+    run saved (`draft_length_modes.summary`), but for no speculation's, from its medians.
 
     >>> decodes = lambda *rates: [
     ...     {"round": r, "decode_tokens_per_s": rate} for r, rate in enumerate(rates)]
     >>> rates = {"auto": (5.0, 6.0, 4.0), "plain_vllm_attention": (3.0, 3.0, 3.0),
     ...          "draft_model_like": (6.0, 5.0, 5.0)}
-    >>> prompt = {"decodes": {mode: decodes(*r) for mode, r in rates.items()},
-    ...           "summary": {mode: {"median": sorted(r)[1]} for mode, r in rates.items()}}
+    >>> summary = {mode: {"median": sorted(r)[1]} for mode, r in rates.items()}
+    >>> summary["auto"] |= {"vs_faster_alternative": 1.0, "vs_draft_model_like": 1.0}
+    >>> prompt = {"decodes": {mode: decodes(*r) for mode, r in rates.items()}, "summary": summary}
     >>> saved = {"args": {"modes": ["auto", "plain", "plain_vllm_attention", "draft_model_like"],
     ...                   "length": 4096, "draft_prefill_window": "none"},
     ...          "machine": {"cpu": "AMD EPYC", "cpu_int8_dot_products": False},
@@ -135,18 +137,17 @@ def cells_in_one_engine(run: str, saved: dict[str, Any]) -> list[SpeedCell]:
             auto[r] / max(no_speculation[r], draft_model[r])
             for r in sorted(auto.keys() & no_speculation.keys() & draft_model.keys())
         ]
-        auto_median, no_speculation_median, draft_model_median = (
-            prompt["summary"][mode]["median"] for mode in ONE_ENGINE_MODES
-        )
+        medians = prompt["summary"]
         cells.append(
             SpeedCell(
                 run=run,
                 machine=machine,
                 length=args["length"],
                 text=text,
-                vs_faster=auto_median / max(no_speculation_median, draft_model_median),
-                vs_no_speculation=auto_median / no_speculation_median,
-                vs_draft_model=auto_median / draft_model_median,
+                vs_faster=medians["auto"]["vs_faster_alternative"],
+                vs_no_speculation=medians["auto"]["median"]
+                / medians["plain_vllm_attention"]["median"],
+                vs_draft_model=medians["auto"]["vs_draft_model_like"],
                 setup=setup,
                 vs_faster_by_round=statistics.median(by_round),
             )
