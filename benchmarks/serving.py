@@ -13,7 +13,8 @@ With `--rounds N` the servers start in turn N times (no speculation, then the ot
 methods, again), so that a machine whose speed drifts slows every method alike, and each
 method's ratios to no speculation are taken within a round and summed up as their median
 (min-max) over rounds. Saves benchmarks/results/serving.json (vLLM's figures per run, what
-each run added to the server's speculative counters, and the summary) and prints both.
+each run added to the server's speculative counters and to the decoding steps its
+scheduler timed, by batch sizes and drafts, and the summary) and prints them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -66,6 +68,14 @@ COUNTERS = {
     "unrepaid_drafting_steps": "vllm:specextend_unrepaid_drafting_steps_total",
     "prompt_pass_tokens": "vllm:specextend_prompt_pass_tokens_total",
     "prompt_pass_seconds": "vllm:specextend_prompt_pass_seconds_total",
+}
+
+
+# The decoding steps the scheduler timed, by batch sizes and drafts per request.
+DECODING_STEP_SERIES = {
+    "vllm:specextend_decoding_steps_total": "steps",
+    "vllm:specextend_decoding_step_seconds_total": "seconds",
+    "vllm:specextend_decoding_step_tokens_total": "tokens",
 }
 
 
@@ -134,18 +144,58 @@ def stop_server(server: subprocess.Popen[bytes]) -> None:
         server.wait(timeout=30)
 
 
-def server_counters(port: int) -> dict[str, float]:
-    """COUNTERS' totals on the server's /metrics, summed over their labels."""
+def server_metrics(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
+        return response.read().decode()
+
+
+def counter_totals(metrics: str) -> dict[str, float]:
+    """COUNTERS' totals in a /metrics text, summed over their labels."""
     names = {name: key for key, name in COUNTERS.items()}
     totals = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
+    for line in metrics.splitlines():
         series, _, value = line.rpartition(" ")
         key = names.get(series.split("{", 1)[0])
         if key is not None:
             totals[key] += float(value)
     return totals
+
+
+def decoding_steps(metrics: str) -> dict[str, dict[str, float]]:
+    """The decoding steps the scheduler timed, in a /metrics text: "batch sizes x
+    drafts" -> steps, seconds and tokens.
+
+    >>> labels = '{batch_sizes="4-7",engine="0",num_drafts="3"}'
+    >>> decoding_steps(
+    ...     f"vllm:specextend_decoding_steps_total{labels} 2.0"
+    ...     f"\\nvllm:specextend_decoding_step_tokens_total{labels} 19.0"
+    ... )
+    {'4-7 x 3': {'steps': 2.0, 'tokens': 19.0}}
+    """
+    steps: dict[str, dict[str, float]] = {}
+    for line in metrics.splitlines():
+        series, _, value = line.rpartition(" ")
+        figure = DECODING_STEP_SERIES.get(series.split("{", 1)[0])
+        if figure is None:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', series))
+        key = f"{labels['batch_sizes']} x {labels['num_drafts']}"
+        steps.setdefault(key, {})[figure] = float(value)
+    return steps
+
+
+def decoding_steps_added(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """What a run added to each bucket's and number of drafts' decoding steps, where it
+    added any."""
+    added = {}
+    for key, figures in after.items():
+        earlier = before.get(key, {})
+        figures = {figure: value - earlier.get(figure, 0.0) for figure, value in figures.items()}
+        if figures["steps"]:
+            added[key] = figures
+    return added
 
 
 def bench_serve(target: Path, port: int, prompts: Path, args: argparse.Namespace, concurrency: int, result: Path) -> dict[str, Any]:
@@ -185,15 +235,20 @@ def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any, wor
                     wait_until_ready(server, port)
                     for concurrency in args.concurrency:
                         print(f"[serving] {method}: concurrency {concurrency}", flush=True)
-                        before = server_counters(port)
+                        before = server_metrics(port)
                         result = work / f"{method}_{round_index}_{concurrency}.json"
                         figures = bench_serve(target, port, prompts, args, concurrency, result)
-                        after = server_counters(port)
+                        after = server_metrics(port)
+                        totals = counter_totals(before), counter_totals(after)
+                        steps = decoding_steps_added(
+                            decoding_steps(before), decoding_steps(after)
+                        )
                         rows.append(
                             {"method": method, "round": round_index, "concurrency": concurrency}
                             | {"length": args.length}
                             | {key: figures.get(key) for key in FIGURES}
-                            | {key: after[key] - before[key] for key in COUNTERS}
+                            | {key: totals[1][key] - totals[0][key] for key in COUNTERS}
+                            | {"decoding_steps": steps}
                         )
                 finally:
                     stop_server(server)
@@ -349,6 +404,19 @@ def main() -> None:
             for key in RATIOS
         )
         print(f"{cell['method']} | {cell['concurrency']} | {cell['rounds']} | {figures}")
+    print(
+        "round | method | concurrency | decoding steps the scheduler timed (batch sizes x "
+        "drafts: steps, mean step ms, tokens/s)"
+    )
+    for row in rows:
+        if row["decoding_steps"]:
+            steps = "; ".join(
+                f"{key}: {figures['steps']:.0f}, "
+                f"{1000 * figures['seconds'] / figures['steps']:.0f}, "
+                f"{figures['tokens'] / figures['seconds']:.2f}"
+                for key, figures in row["decoding_steps"].items()
+            )
+            print(f"{row['round'] + 1} | {row['method']} | {row['concurrency']} | {steps}")
     print(f"saved {path} and {plot(path)}")
 
 

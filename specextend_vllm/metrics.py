@@ -1,7 +1,8 @@
-"""The method's numbers, produced in the worker: counts of its work (`SpecExtendCounts`),
-kept with its recent selections by `RetrievalMetrics`. `retrieval_stats(llm)` reads the
-totals; each step's new counts travel to vLLM's front end (`patches.metrics`), whose
-exporters (`metrics_exporters`) turn them into Prometheus counters and a log line."""
+"""The method's numbers: counts of its work, produced in the worker (`SpecExtendCounts`) and
+kept with its recent selections by `RetrievalMetrics`, and the decoding steps the scheduler
+timed (`DecodingSteps`). `retrieval_stats(llm)` reads the worker's
+totals; each step's new numbers travel to vLLM's front end (`patches.metrics`), whose
+exporters (`metrics_exporters`) turn them into Prometheus counters and log lines."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import dataclasses
 from typing import Any
 
 import torch
+
+from specextend_vllm.algorithm.draft_length import batch_size_bucket
 
 
 @dataclasses.dataclass
@@ -119,6 +122,75 @@ class SpecExtendCounts:
             "prompt_pass_seconds": self.prompt_pass_seconds,
             "unrepaid_drafting_steps": self.unrepaid_drafting_steps,
         }
+
+
+@dataclasses.dataclass
+class DecodingStepTally:
+    """Decoding steps of one bucket of batch sizes and one number of drafts per request."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    """Wall clock from the step's scheduling to its output, the next drafts' proposal
+    included: the time `drafting: auto` weighs."""
+    tokens: int = 0
+    """Tokens the step gave its requests: for each, one and the drafts it accepted."""
+
+    def add(self, other: DecodingStepTally) -> None:
+        self.steps += other.steps
+        self.seconds += other.seconds
+        self.tokens += other.tokens
+
+
+@dataclasses.dataclass
+class DecodingSteps:
+    """The decoding steps (no request prefilling, every request verifying as many drafts)
+    the scheduler timed, by bucket of batch sizes (`algorithm.draft_length.batch_size_bucket`)
+    and drafts verified per request: what `drafting: auto` weighs, so that its choices can
+    be read against their outcome. Counted where the scheduler runs; the worker's totals
+    (`retrieval_stats`) do not hold them.
+
+    >>> steps = DecodingSteps()
+    >>> steps.record(batch_size=4, verified_drafts=2, seconds=0.5, tokens=9)
+    >>> steps.record(batch_size=5, verified_drafts=2, seconds=0.7, tokens=11)
+    >>> steps.record(batch_size=1, verified_drafts=0, seconds=0.2, tokens=1)
+    >>> [(sizes, drafts, tally.steps, tally.tokens) for sizes, drafts, tally in steps.rows()]
+    [('1', 0, 1, 1), ('4-7', 2, 2, 20)]
+    """
+
+    by_bucket: dict[int, dict[int, DecodingStepTally]] = dataclasses.field(default_factory=dict)
+
+    def record(self, batch_size: int, verified_drafts: int, seconds: float, tokens: int) -> None:
+        tally = self.by_bucket.setdefault(batch_size_bucket(batch_size), {}).setdefault(
+            verified_drafts, DecodingStepTally()
+        )
+        tally.add(DecodingStepTally(1, seconds, tokens))
+
+    def add(self, other: DecodingSteps) -> None:
+        for bucket, by_drafts in other.by_bucket.items():
+            mine = self.by_bucket.setdefault(bucket, {})
+            for num_drafts, tally in by_drafts.items():
+                mine.setdefault(num_drafts, DecodingStepTally()).add(tally)
+
+    def is_empty(self) -> bool:
+        return not self.by_bucket
+
+    def rows(self) -> list[tuple[str, int, DecodingStepTally]]:
+        """(batch sizes, drafts per request, tally), by bucket and then drafts."""
+        return [
+            (batch_sizes_label(bucket), num_drafts, self.by_bucket[bucket][num_drafts])
+            for bucket in sorted(self.by_bucket)
+            for num_drafts in sorted(self.by_bucket[bucket])
+        ]
+
+
+def batch_sizes_label(bucket: int) -> str:
+    """The batch sizes of a bucket, as in `batch_size_bucket`.
+
+    >>> [batch_sizes_label(bucket) for bucket in (0, 1, 2, 5)]
+    ['1', '2-3', '4-7', '32-63']
+    """
+    first = 1 << bucket
+    return str(first) if bucket == 0 else f"{first}-{2 * first - 1}"
 
 
 class RetrievalMetrics:

@@ -1,6 +1,7 @@
-"""The method's counts as vLLM's front end exports them: Prometheus counters next to vLLM's
-`vllm:spec_decode_*`, and a line in vLLM's periodic stats log. Both take one engine step's
-new counts at a time; `patches.metrics.SpecExtendStatLogger` feeds them from vLLM's stats.
+"""The method's numbers as vLLM's front end exports them: Prometheus counters next to vLLM's
+`vllm:spec_decode_*`, and lines in vLLM's periodic stats log. Both take one engine step's
+new counts and decoding steps at a time; `patches.metrics.SpecExtendStatLogger` feeds them
+from vLLM's stats.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Callable
 
 import prometheus_client
 
-from specextend_vllm.metrics import SpecExtendCounts
+from specextend_vllm.metrics import DecodingSteps, SpecExtendCounts
 
 # SpecExtendCounts field -> counter name and help; the exposition appends `_total`.
 PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
@@ -110,11 +111,30 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
 }
 
 
+# DecodingStepTally field -> counter name and help, labelled by `batch_sizes` and `num_drafts`.
+DECODING_STEP_COUNTERS: dict[str, tuple[str, str]] = {
+    "steps": (
+        "vllm:specextend_decoding_steps",
+        "Decoding steps the scheduler timed, by batch sizes and drafts per request.",
+    ),
+    "seconds": (
+        "vllm:specextend_decoding_step_seconds",
+        "Wall-clock seconds of those steps, the next drafts' proposal included.",
+    ),
+    "tokens": (
+        "vllm:specextend_decoding_step_tokens",
+        "Tokens those steps gave their requests (one each and the drafts it accepted).",
+    ),
+}
+DECODING_STEP_LABELS = ["batch_sizes", "num_drafts"]
+
 class SpecExtendProm:
-    """One Prometheus counter per count, with vLLM's labels, in prometheus_client's
-    default registry (the one vLLM's `/metrics` and `LLM.get_metrics()` read)."""
+    """One Prometheus counter per count, with vLLM's labels, and per decoding-step figure,
+    with vLLM's labels and DECODING_STEP_LABELS, in prometheus_client's default registry
+    (the one vLLM's `/metrics` and `LLM.get_metrics()` read)."""
 
     def __init__(self, labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]):
+        self._labelvalues = per_engine_labelvalues
         self._per_engine: dict[str, dict[int, prometheus_client.Counter]] = {}
         for field, (name, documentation) in PROMETHEUS_COUNTERS.items():
             counter = prometheus_client.Counter(
@@ -123,6 +143,14 @@ class SpecExtendProm:
             self._per_engine[field] = {
                 engine: counter.labels(*values) for engine, values in per_engine_labelvalues.items()
             }
+        self._decoding_steps = {
+            field: prometheus_client.Counter(
+                name=name,
+                documentation=documentation,
+                labelnames=labelnames + DECODING_STEP_LABELS,
+            )
+            for field, (name, documentation) in DECODING_STEP_COUNTERS.items()
+        }
 
     def observe(self, counts: SpecExtendCounts, engine_idx: int) -> None:
         for field, per_engine in self._per_engine.items():
@@ -130,16 +158,28 @@ class SpecExtendProm:
             if value:
                 per_engine[engine_idx].inc(value)
 
+    def observe_decoding_steps(self, steps: DecodingSteps, engine_idx: int) -> None:
+        labelvalues = self._labelvalues[engine_idx]
+        for batch_sizes, num_drafts, tally in steps.rows():
+            for field, counter in self._decoding_steps.items():
+                counter.labels(*labelvalues, batch_sizes, str(num_drafts)).inc(
+                    getattr(tally, field)
+                )
+
 
 class SpecExtendLogging:
-    """Sums each engine's counts between two log lines; an engine that did no work since
-    the last line gets none."""
+    """Sums each engine's counts, and its decoding steps, between two logs; an engine that
+    did no work since the last log gets no line."""
 
     def __init__(self) -> None:
         self._since_last_log: dict[int, SpecExtendCounts] = {}
+        self._steps_since_last_log: dict[int, DecodingSteps] = {}
 
     def observe(self, counts: SpecExtendCounts, engine_idx: int) -> None:
         self._since_last_log.setdefault(engine_idx, SpecExtendCounts()).add(counts)
+
+    def observe_decoding_steps(self, steps: DecodingSteps, engine_idx: int) -> None:
+        self._steps_since_last_log.setdefault(engine_idx, DecodingSteps()).add(steps)
 
     def log(self, log_fn: Callable[..., None]) -> None:
         for engine_idx, counts in sorted(self._since_last_log.items()):
@@ -179,3 +219,16 @@ class SpecExtendLogging:
                 counts.unrepaid_drafting_steps,
             )
         self._since_last_log.clear()
+        for engine_idx, steps in sorted(self._steps_since_last_log.items()):
+            log_fn(
+                "Engine %03d: SpecExtend decoding steps (batch sizes x drafts: steps, mean "
+                "step, tokens/s): %s",
+                engine_idx,
+                "; ".join(
+                    f"{batch_sizes} x {num_drafts}: {tally.steps}, "
+                    f"{1000 * tally.seconds / tally.steps:.1f} ms, "
+                    f"{tally.tokens / tally.seconds:.2f}"
+                    for batch_sizes, num_drafts, tally in steps.rows()
+                ),
+            )
+        self._steps_since_last_log.clear()

@@ -20,7 +20,7 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.worker_base import WorkerBase
 
-from specextend_vllm.metrics import RetrievalMetrics, SpecExtendCounts
+from specextend_vllm.metrics import DecodingSteps, RetrievalMetrics, SpecExtendCounts
 from specextend_vllm.metrics_exporters import SpecExtendLogging, SpecExtendProm
 from specextend_vllm.patches.base import VllmDataclassField, VllmOverrides, VllmPatch
 from specextend_vllm.profiling import StepTimer, device_synchronizer
@@ -42,6 +42,15 @@ class SchedulerStatsCarryCounts(VllmDataclassField):
     target = SchedulerStats
     attribute = "specextend_counts"
     field_type = SpecExtendCounts | None
+
+
+class SchedulerStatsCarryDecodingSteps(VllmDataclassField):
+    """The decoding steps the scheduler timed since the last stats, from the engine core to
+    the front end's stat loggers (`patches.scheduler.SchedulerMeasuresDrafting`)."""
+
+    target = SchedulerStats
+    attribute = "specextend_decoding_steps"
+    field_type = DecodingSteps | None
 
 
 class _AsyncOutputWithCounts(AsyncModelRunnerOutput):
@@ -145,6 +154,10 @@ class SpecExtendStatLogger(AggregateStatLoggerBase):
         if counts is not None:
             self._prometheus().observe(counts, engine_idx)
             self.logging.observe(counts, engine_idx)
+        steps = scheduler_stats.specextend_decoding_steps
+        if steps is not None:
+            self._prometheus().observe_decoding_steps(steps, engine_idx)
+            self.logging.observe_decoding_steps(steps, engine_idx)
 
     def log(self) -> None:
         self.logging.log(logger.info)

@@ -41,6 +41,7 @@ PATCHES: tuple[type[VllmPatch], ...] = (
     metrics.WorkerReportsRetrievalStats,
     metrics.RunnerOutputCarriesCounts,
     metrics.SchedulerStatsCarryCounts,
+    metrics.SchedulerStatsCarryDecodingSteps,
     metrics.RunnerSendsNewCounts,
     metrics.SchedulerForwardsNewCounts,
     metrics.OfflineEngineLogsSpecExtendStats,

@@ -9,6 +9,7 @@ import numpy as np
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
@@ -24,6 +25,7 @@ from specextend_vllm.algorithm.prompt_work import (
     PromptWork,
     drafting_repays,
 )
+from specextend_vllm.metrics import DecodingSteps
 from specextend_vllm.patches.base import VllmDataclassField, VllmPatch
 from specextend_vllm.vllm_access import logger
 from specextend_vllm.vllm_access.config import specextend_config, working_copy_manager_blocks
@@ -81,18 +83,30 @@ def draft_length_chooser(scheduler: Any) -> DraftLengthChooser | None:
                 chooses_length=method_config.tree == "chain",
             )
         setattr(scheduler, _CHOOSER, chooser)
+        setattr(scheduler, _TIMES_STEPS, method_config is not None)
         setattr(scheduler, _STEP_STARTS, {})
+        setattr(scheduler, _DECODING_STEPS, DecodingSteps())
         max_requests = vllm_config.scheduler_config.max_num_seqs
         setattr(scheduler, _PROMPT_WORK, PromptWork(MissingDraftTokens(max_requests)))
     return getattr(scheduler, _CHOOSER)
 
 
+def times_steps(scheduler: Any) -> bool:
+    """Whether the scheduler times its steps: where the engine runs the method, for its
+    metrics and for `drafting: auto`."""
+    draft_length_chooser(scheduler)
+    return getattr(scheduler, _TIMES_STEPS)
+
+
 _CHOOSER = "_specextend_draft_length_chooser"
+_TIMES_STEPS = "_specextend_times_steps"
 _PROMPT_WORK = "_specextend_prompt_work"
 # Steps scheduled and not yet finished are one, or a few with a batch queue; more means
 # outputs that never came back (the entries are dropped rather than kept forever).
 MAX_STEPS_IN_FLIGHT = 8
 _STEP_STARTS = "_specextend_step_starts"
+# The decoding steps timed since the last SchedulerStats took them.
+_DECODING_STEPS = "_specextend_decoding_steps"
 
 
 class SchedulerOutputCarriesBlockTwins(VllmDataclassField):
@@ -198,7 +212,7 @@ class SchedulerLearnsAnswerLengths(VllmPatch):
 class SchedulerPreparesDrafting(VllmPatch):
     """With `drafting: auto` the scheduler reads the number of draft tokens for the next
     step from the chooser's table, as it would read a `num_speculative_tokens_per_batch_size`
-    schedule, and notes when each step was scheduled; with the method, it finds the cached
+    schedule; with the method, it notes when each step was scheduled and finds the cached
     twins of the blocks the step computes again."""
 
     target = Scheduler
@@ -210,7 +224,7 @@ class SchedulerPreparesDrafting(VllmPatch):
         if chooser is not None:
             self.dynamic_sd_lookup = chooser.lookup
         scheduler_output = SchedulerPreparesDrafting.original(self, *args, **kwargs)
-        if chooser is not None:
+        if times_steps(self):
             starts = getattr(self, _STEP_STARTS)
             if len(starts) >= MAX_STEPS_IN_FLIGHT:
                 starts.clear()
@@ -223,9 +237,11 @@ class SchedulerPreparesDrafting(VllmPatch):
 
 
 class SchedulerMeasuresDrafting(VllmPatch):
-    """Each decoding step (no request prefilling) tells the chooser how long it took, how
-    many drafts it verified and scheduled, and how many tokens each request got; the
-    draft's passes over prompts in any step tell what a prompt token costs it."""
+    """Each decoding step (no request prefilling) joins the decoding steps the next
+    SchedulerStats carry to the front end's metrics, and tells `drafting: auto`'s chooser
+    how long it took, how many drafts it verified and scheduled, and how many tokens each
+    request got; the draft's passes over prompts in any step tell the chooser what a
+    prompt token costs the draft."""
 
     target = Scheduler
     attribute = "update_from_output"
@@ -241,17 +257,40 @@ class SchedulerMeasuresDrafting(VllmPatch):
                 getattr(self, _PROMPT_WORK).cost.add(
                     counts.prompt_pass_tokens, counts.prompt_pass_seconds
                 )
+        if times_steps(self):
             started = getattr(self, _STEP_STARTS).pop(id(scheduler_output), None)
             step = decoding_step(scheduler_output, model_runner_output)
             if started is not None and step is not None:
-                chooser.record_step(
-                    step.batch_size,
-                    step.verified_drafts,
-                    scheduler_output.num_spec_tokens_to_schedule,
-                    profiling.drafting_clock() - started,
-                    step.accepted_shares,
-                )
-        return SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)
+                seconds = profiling.drafting_clock() - started
+                if chooser is not None:
+                    chooser.record_step(
+                        step.batch_size,
+                        step.verified_drafts,
+                        scheduler_output.num_spec_tokens_to_schedule,
+                        seconds,
+                        step.accepted_shares,
+                    )
+                if step.tokens is not None:
+                    getattr(self, _DECODING_STEPS).record(
+                        step.batch_size, step.verified_drafts, seconds, step.tokens
+                    )
+        outputs = SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)
+        if times_steps(self):
+            hand_over_decoding_steps(self, outputs)
+        return outputs
+
+
+def hand_over_decoding_steps(scheduler: Any, outputs: dict[int, EngineCoreOutputs]) -> None:
+    """The decoding steps timed since the last stats join this step's stats, where vLLM
+    made some (it logs stats), and are counted afresh from there."""
+    steps = getattr(scheduler, _DECODING_STEPS)
+    if steps.is_empty():
+        return
+    for engine_core_outputs in outputs.values():
+        if engine_core_outputs.scheduler_stats is not None:
+            engine_core_outputs.scheduler_stats.specextend_decoding_steps = steps
+            setattr(scheduler, _DECODING_STEPS, DecodingSteps())
+            return
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +302,16 @@ class DecodingStep:
     batch_size: int
     verified_drafts: int
     accepted_shares: tuple[float, ...] | None
+
+    @property
+    def tokens(self) -> int | None:
+        """The tokens the step gave its requests, one each and the drafts each accepted;
+        None where drafts were verified and the sampled tokens did not come back."""
+        if not self.verified_drafts:
+            return self.batch_size
+        if self.accepted_shares is None:
+            return None
+        return round(self.batch_size * (1 + sum(self.accepted_shares)))
 
 
 def decoding_step(

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from specextend_vllm import retrieval_stats
-from specextend_vllm.metrics_exporters import PROMETHEUS_COUNTERS
+from specextend_vllm.metrics_exporters import DECODING_STEP_COUNTERS, PROMETHEUS_COUNTERS
 from specextend_vllm.patches import metrics as metrics_patches
 from tests.harness import BLOCK_SIZE, generate_ids, on_engine, random_prompts, specextend_config
 
@@ -43,7 +43,11 @@ def front_end(tiny_models: dict[str, Path]) -> dict[str, Any]:
             generate_ids(llm, random_prompts([4 * BLOCK_SIZE]), MAX_TOKENS)
         llm.llm_engine.do_log_stats()
         samples = llm.get_metrics()
-        specextend = {m.name: m for m in samples if m.name.startswith("vllm:specextend_")}
+        specextend = {
+            m.name: m
+            for m in samples
+            if m.name.startswith("vllm:specextend_") and "batch_sizes" not in m.labels
+        }
         labels = specextend["vllm:specextend_scorer_seconds"].labels
         return {
             "specextend": specextend,
@@ -53,6 +57,7 @@ def front_end(tiny_models: dict[str, Path]) -> dict[str, Any]:
             "spec_decode": {
                 m.name: m for m in samples if m.name.startswith("vllm:spec_decode_num_drafts")
             },
+            "decoding_steps": [m for m in samples if "batch_sizes" in m.labels],
             "stats": retrieval_stats(llm)[0],
         }
 
@@ -84,6 +89,13 @@ def test_every_counter_reaches_the_front_end_next_to_vllms(front_end: dict[str, 
     [num_drafts] = front_end["spec_decode"].values()
     assert num_drafts.value > 0
     assert all(metric.labels == num_drafts.labels for metric in specextend.values())
+    decoding_steps = front_end["decoding_steps"]
+    assert {m.name for m in decoding_steps} == {n for n, _ in DECODING_STEP_COUNTERS.values()}
+    assert all(
+        m.labels.keys() == num_drafts.labels.keys() | {"batch_sizes", "num_drafts"}
+        and m.labels["engine"] == num_drafts.labels["engine"]
+        for m in decoding_steps
+    )
 
 
 def test_the_front_end_counts_equal_the_workers_totals(front_end: dict[str, Any]) -> None:

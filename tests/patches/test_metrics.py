@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.metrics.prometheus import unregister_vllm_metrics
@@ -18,13 +19,14 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 from specextend_vllm import register
-from specextend_vllm.metrics import RetrievalMetrics, SpecExtendCounts
-from specextend_vllm.metrics_exporters import PROMETHEUS_COUNTERS
+from specextend_vllm.metrics import DecodingSteps, RetrievalMetrics, SpecExtendCounts
+from specextend_vllm.metrics_exporters import DECODING_STEP_COUNTERS, PROMETHEUS_COUNTERS
 from specextend_vllm.patches.metrics import (
     RunnerSendsNewCounts,
     SchedulerForwardsNewCounts,
     SpecExtendStatLogger,
 )
+from specextend_vllm.patches.scheduler import hand_over_decoding_steps
 
 STEP = SpecExtendCounts(retrievals=2, reduced_draft_steps=3, kept_tokens=300, scorer_seconds=0.5)
 
@@ -46,9 +48,19 @@ def scheduler_stats(counts: SpecExtendCounts | None) -> SchedulerStats:
     return stats
 
 
+def decoding_steps() -> DecodingSteps:
+    """A plain step of one request, and two of 4 requests verifying 3 drafts each."""
+    steps = DecodingSteps()
+    steps.record(batch_size=1, verified_drafts=0, seconds=0.25, tokens=1)
+    steps.record(batch_size=4, verified_drafts=3, seconds=0.5, tokens=10)
+    steps.record(batch_size=4, verified_drafts=3, seconds=0.75, tokens=12)
+    return steps
+
+
 def test_the_carriers_default_to_no_counts() -> None:
     assert runner_output().specextend_counts is None
     assert SchedulerStats().specextend_counts is None
+    assert SchedulerStats().specextend_decoding_steps is None
 
 
 def test_a_steps_counts_survive_pickling_from_a_worker_process() -> None:
@@ -61,6 +73,14 @@ def test_a_steps_counts_survive_msgspec_from_the_engine_core_to_the_front_end() 
     encoded = MsgpackEncoder().encode(EngineCoreOutputs(scheduler_stats=scheduler_stats(STEP)))
     decoded = MsgpackDecoder(EngineCoreOutputs).decode(encoded)
     assert decoded.scheduler_stats.specextend_counts == STEP
+
+
+def test_decoding_steps_survive_msgspec_from_the_engine_core_to_the_front_end() -> None:
+    stats = SchedulerStats()
+    stats.specextend_decoding_steps = decoding_steps()
+    encoded = MsgpackEncoder().encode(EngineCoreOutputs(scheduler_stats=stats))
+    decoded = MsgpackDecoder(EngineCoreOutputs).decode(encoded)
+    assert decoded.scheduler_stats.specextend_decoding_steps == decoding_steps()
 
 
 class FinishedAsyncOutput(AsyncModelRunnerOutput):
@@ -105,6 +125,22 @@ def test_the_scheduler_puts_a_steps_counts_into_that_steps_stats(
     outputs = SchedulerForwardsNewCounts.replacement(None, None, output)
     assert outputs[0].scheduler_stats is None
     assert outputs[1].scheduler_stats.specextend_counts == STEP
+
+
+def test_the_scheduler_hands_its_decoding_steps_to_the_first_stats_it_makes() -> None:
+    """Steps timed while vLLM made no stats wait for the next stats; once handed over,
+    they are counted afresh (kept, the next stats would count them twice)."""
+    scheduler = SimpleNamespace(_specextend_decoding_steps=decoding_steps())
+    without_stats = {0: EngineCoreOutputs()}
+    hand_over_decoding_steps(scheduler, without_stats)
+    assert without_stats[0].scheduler_stats is None
+    outputs = {0: EngineCoreOutputs(), 1: EngineCoreOutputs(scheduler_stats=SchedulerStats())}
+    hand_over_decoding_steps(scheduler, outputs)
+    assert outputs[1].scheduler_stats.specextend_decoding_steps == decoding_steps()
+    assert scheduler._specextend_decoding_steps.is_empty()
+    later = {0: EngineCoreOutputs(scheduler_stats=SchedulerStats())}
+    hand_over_decoding_steps(scheduler, later)
+    assert later[0].scheduler_stats.specextend_decoding_steps is None
 
 
 def engine_config(runs_specextend: bool) -> Any:
@@ -157,6 +193,33 @@ def test_each_count_reaches_the_counter_named_after_it(prometheus_registry: None
     stat_logger.record(scheduler_stats(SpecExtendCounts(**values)), None, engine_idx=0)
     assert specextend_samples() == {
         (f"vllm:specextend_{field}", "0"): value for field, value in values.items()
+    }
+
+
+def test_decoding_steps_reach_counters_labelled_by_batch_sizes_and_drafts(
+    prometheus_registry: None,
+) -> None:
+    stat_logger = SpecExtendStatLogger(engine_config(True), engine_indexes=[0, 1])
+    stat_logger.log_engine_initialized()
+    stats = SchedulerStats()
+    stats.specextend_decoding_steps = decoding_steps()
+    stat_logger.record(stats, None, engine_idx=1)
+    stat_logger.record(stats, None, engine_idx=1)
+    samples = {
+        (sample.name, sample.labels["engine"], sample.labels["batch_sizes"],
+         sample.labels["num_drafts"]): sample.value
+        for family in REGISTRY.collect()
+        if family.name in {name for name, _ in DECODING_STEP_COUNTERS.values()}
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+    assert samples == {
+        ("vllm:specextend_decoding_steps_total", "1", "1", "0"): 2,
+        ("vllm:specextend_decoding_step_seconds_total", "1", "1", "0"): 0.5,
+        ("vllm:specextend_decoding_step_tokens_total", "1", "1", "0"): 2,
+        ("vllm:specextend_decoding_steps_total", "1", "4-7", "3"): 4,
+        ("vllm:specextend_decoding_step_seconds_total", "1", "4-7", "3"): 2.5,
+        ("vllm:specextend_decoding_step_tokens_total", "1", "4-7", "3"): 44,
     }
 
 

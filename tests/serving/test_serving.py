@@ -74,6 +74,7 @@ def test_concurrent_mixed_requests_are_lossless_and_the_server_keeps_serving(
     assert metric_value(servers["specextend"], "vllm:specextend_hybrid_verifications_total") > 0
     assert metric_value(servers["specextend"], "vllm:specextend_skipped_draft_steps_total") > 0
     assert metric_value(servers["specextend"], "vllm:specextend_catch_up_tokens_total") > 0
+    assert metric_value(servers["specextend"], "vllm:specextend_decoding_steps_total") > 0
     assert metric_value(servers["plain"], "vllm:specextend_retrievals_total") == 0
     assert servers["specextend"].is_healthy()
     [again] = run_all(servers["specextend"].url, model, plain_requests[:1], concurrency=1)

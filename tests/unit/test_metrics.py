@@ -1,4 +1,5 @@
-"""The method's counts (what a step adds, what it reports) and the log line of them."""
+"""The method's counts (what a step adds, what it reports), the decoding steps the scheduler
+timed, and the log lines of them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 
 import torch
 
-from specextend_vllm.metrics import RetrievalMetrics, SpecExtendCounts
+from specextend_vllm.metrics import DecodingSteps, RetrievalMetrics, SpecExtendCounts
 from specextend_vllm.metrics_exporters import PROMETHEUS_COUNTERS, SpecExtendLogging
 
 
@@ -97,3 +98,38 @@ def test_the_log_line_sums_each_engines_counts_since_the_last_line() -> None:
     )
     logging.log(log_fn)
     assert len(lines) == 2
+
+
+def test_decoding_steps_add_up_per_bucket_of_batch_sizes_and_number_of_drafts() -> None:
+    first, second = DecodingSteps(), DecodingSteps()
+    first.record(batch_size=1, verified_drafts=4, seconds=0.5, tokens=4)
+    second.record(batch_size=1, verified_drafts=4, seconds=0.25, tokens=2)
+    second.record(batch_size=3, verified_drafts=0, seconds=0.5, tokens=3)
+    first.add(second)
+    assert [(sizes, drafts, t.steps, t.seconds, t.tokens) for sizes, drafts, t in first.rows()] == [
+        ("1", 4, 2, 0.75, 6),
+        ("2-3", 0, 1, 0.5, 3),
+    ]
+    assert second.rows()[0][2].steps == 1  # what was added stays as it was
+    assert DecodingSteps().is_empty() and not first.is_empty()
+
+
+def test_the_decoding_steps_log_line_gives_steps_mean_step_and_tokens_per_second() -> None:
+    logging = SpecExtendLogging()
+    lines: list[str] = []
+
+    def log_fn(message: str, *args: object) -> None:
+        lines.append(message % args)
+
+    steps = DecodingSteps()
+    steps.record(batch_size=4, verified_drafts=0, seconds=0.25, tokens=4)
+    steps.record(batch_size=5, verified_drafts=3, seconds=0.5, tokens=11)
+    logging.observe_decoding_steps(steps, engine_idx=0)
+    logging.observe_decoding_steps(steps, engine_idx=0)
+    logging.log(log_fn)
+    assert lines == [
+        "Engine 000: SpecExtend decoding steps (batch sizes x drafts: steps, mean step, "
+        "tokens/s): 4-7 x 0: 2, 250.0 ms, 16.00; 4-7 x 3: 2, 500.0 ms, 22.00"
+    ]
+    logging.log(log_fn)
+    assert len(lines) == 1
