@@ -37,6 +37,7 @@ from benchmarks.draft_cost import summary
 from benchmarks.genres import GENRES, genre_texts
 from benchmarks.prompts import summary_prompt
 from benchmarks.server_health import wait_until_healthy
+from specextend_vllm.metrics import drafts_label
 
 VLLM_CLI = Path(sys.executable).with_name("vllm")
 START_TIMEOUT_S = 900
@@ -163,14 +164,15 @@ def counter_totals(metrics: str) -> dict[str, float]:
 
 def decoding_steps(metrics: str) -> dict[str, dict[str, float]]:
     """The decoding steps the scheduler timed, in a /metrics text: "batch sizes x
-    drafts" -> steps, seconds and tokens.
+    drafts" ("3": kept 3 drafts; "0->3": switched from none to 3) -> steps, seconds and
+    tokens.
 
-    >>> labels = '{batch_sizes="4-7",engine="0",num_drafts="3"}'
+    >>> labels = '{batch_sizes="4-7",engine="0",next_drafts="3",num_drafts="0"}'
     >>> decoding_steps(
     ...     f"vllm:specextend_decoding_steps_total{labels} 2.0"
     ...     f"\\nvllm:specextend_decoding_step_tokens_total{labels} 19.0"
     ... )
-    {'4-7 x 3': {'steps': 2.0, 'tokens': 19.0}}
+    {'4-7 x 0->3': {'steps': 2.0, 'tokens': 19.0}}
     """
     steps: dict[str, dict[str, float]] = {}
     for line in metrics.splitlines():
@@ -179,7 +181,8 @@ def decoding_steps(metrics: str) -> dict[str, dict[str, float]]:
         if figure is None:
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', series))
-        key = f"{labels['batch_sizes']} x {labels['num_drafts']}"
+        drafts = drafts_label(int(labels["num_drafts"]), int(labels["next_drafts"]))
+        key = f"{labels['batch_sizes']} x {drafts}"
         steps.setdefault(key, {})[figure] = float(value)
     return steps
 

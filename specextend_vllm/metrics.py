@@ -1,8 +1,8 @@
 """The method's numbers: counts of its work, produced in the worker (`SpecExtendCounts`) and
 kept with its recent selections by `RetrievalMetrics`, and the decoding steps the scheduler
-timed (`DecodingSteps`). `retrieval_stats(llm)` reads the worker's
-totals; each step's new numbers travel to vLLM's front end (`patches.metrics`), whose
-exporters (`metrics_exporters`) turn them into Prometheus counters and log lines."""
+timed (`DecodingSteps`). `retrieval_stats(llm)` reads the worker's totals; each step's new
+numbers travel to vLLM's front end (`patches.metrics`), whose exporters (`metrics_exporters`)
+turn them into Prometheus counters and log lines."""
 
 from __future__ import annotations
 
@@ -126,8 +126,14 @@ class SpecExtendCounts:
 
 @dataclasses.dataclass
 class DecodingStepTally:
-    """Decoding steps of one bucket of batch sizes and one number of drafts per request."""
+    """Decoding steps of one bucket of batch sizes whose requests each verified `num_drafts`
+    drafts and drafted `next_drafts` for the next step: equal where the step kept its
+    number of drafts, different where it switched (the draft passes of a switch to
+    drafting fall on the plain step before it)."""
 
+    bucket: int
+    num_drafts: int
+    next_drafts: int
     steps: int = 0
     seconds: float = 0.0
     """Wall clock from the step's scheduling to its output, the next drafts' proposal
@@ -135,52 +141,78 @@ class DecodingStepTally:
     tokens: int = 0
     """Tokens the step gave its requests: for each, one and the drafts it accepted."""
 
-    def add(self, other: DecodingStepTally) -> None:
-        self.steps += other.steps
-        self.seconds += other.seconds
-        self.tokens += other.tokens
+    @property
+    def batch_sizes(self) -> str:
+        return batch_sizes_label(self.bucket)
+
+    @property
+    def drafts(self) -> str:
+        return drafts_label(self.num_drafts, self.next_drafts)
 
 
 @dataclasses.dataclass
 class DecodingSteps:
     """The decoding steps (no request prefilling, every request verifying as many drafts)
-    the scheduler timed, by bucket of batch sizes (`algorithm.draft_length.batch_size_bucket`)
-    and drafts verified per request: what `drafting: auto` weighs, so that its choices can
-    be read against their outcome. Counted where the scheduler runs; the worker's totals
+    the scheduler timed, by bucket of batch sizes (`algorithm.draft_length.batch_size_bucket`),
+    drafts verified per request and drafts proposed for the next step: what `drafting: auto`
+    weighs (the steps that kept their number of drafts), so that its choices can be read
+    against their outcome. Counted where the scheduler runs; the worker's totals
     (`retrieval_stats`) do not hold them.
 
     >>> steps = DecodingSteps()
-    >>> steps.record(batch_size=4, verified_drafts=2, seconds=0.5, tokens=9)
-    >>> steps.record(batch_size=5, verified_drafts=2, seconds=0.7, tokens=11)
-    >>> steps.record(batch_size=1, verified_drafts=0, seconds=0.2, tokens=1)
-    >>> [(sizes, drafts, tally.steps, tally.tokens) for sizes, drafts, tally in steps.rows()]
-    [('1', 0, 1, 1), ('4-7', 2, 2, 20)]
+    >>> steps.record(batch_size=4, num_drafts=2, next_drafts=2, seconds=0.5, tokens=9)
+    >>> steps.record(batch_size=5, num_drafts=2, next_drafts=2, seconds=0.7, tokens=11)
+    >>> steps.record(batch_size=1, num_drafts=0, next_drafts=4, seconds=0.2, tokens=1)
+    >>> [(tally.batch_sizes, tally.drafts, tally.steps, tally.tokens) for tally in steps.rows()]
+    [('1', '0->4', 1, 1), ('4-7', '2', 2, 20)]
     """
 
-    by_bucket: dict[int, dict[int, DecodingStepTally]] = dataclasses.field(default_factory=dict)
+    tallies: list[DecodingStepTally] = dataclasses.field(default_factory=list)
 
-    def record(self, batch_size: int, verified_drafts: int, seconds: float, tokens: int) -> None:
-        tally = self.by_bucket.setdefault(batch_size_bucket(batch_size), {}).setdefault(
-            verified_drafts, DecodingStepTally()
-        )
-        tally.add(DecodingStepTally(1, seconds, tokens))
+    def record(
+        self, batch_size: int, num_drafts: int, next_drafts: int, seconds: float, tokens: int
+    ) -> None:
+        tally = self._tally(batch_size_bucket(batch_size), num_drafts, next_drafts)
+        tally.steps += 1
+        tally.seconds += seconds
+        tally.tokens += tokens
 
     def add(self, other: DecodingSteps) -> None:
-        for bucket, by_drafts in other.by_bucket.items():
-            mine = self.by_bucket.setdefault(bucket, {})
-            for num_drafts, tally in by_drafts.items():
-                mine.setdefault(num_drafts, DecodingStepTally()).add(tally)
+        for theirs in other.tallies:
+            tally = self._tally(theirs.bucket, theirs.num_drafts, theirs.next_drafts)
+            tally.steps += theirs.steps
+            tally.seconds += theirs.seconds
+            tally.tokens += theirs.tokens
 
     def is_empty(self) -> bool:
-        return not self.by_bucket
+        return not self.tallies
 
-    def rows(self) -> list[tuple[str, int, DecodingStepTally]]:
-        """(batch sizes, drafts per request, tally), by bucket and then drafts."""
-        return [
-            (batch_sizes_label(bucket), num_drafts, self.by_bucket[bucket][num_drafts])
-            for bucket in sorted(self.by_bucket)
-            for num_drafts in sorted(self.by_bucket[bucket])
-        ]
+    def rows(self) -> list[DecodingStepTally]:
+        """The tallies by bucket, drafts verified and drafts proposed."""
+        return sorted(
+            self.tallies, key=lambda tally: (tally.bucket, tally.num_drafts, tally.next_drafts)
+        )
+
+    def _tally(self, bucket: int, num_drafts: int, next_drafts: int) -> DecodingStepTally:
+        """The tally of these keys, added where there is none (a few per bucket)."""
+        for tally in self.tallies:
+            if (tally.bucket, tally.num_drafts, tally.next_drafts) == (
+                bucket, num_drafts, next_drafts
+            ):
+                return tally
+        self.tallies.append(DecodingStepTally(bucket, num_drafts, next_drafts))
+        return self.tallies[-1]
+
+
+def drafts_label(num_drafts: int, next_drafts: int) -> str:
+    """Steps that kept 3 drafts, and a switch from none to 4:
+
+    >>> drafts_label(3, 3), drafts_label(0, 4)
+    ('3', '0->4')
+    """
+    if num_drafts == next_drafts:
+        return str(num_drafts)
+    return f"{num_drafts}->{next_drafts}"
 
 
 def batch_sizes_label(bucket: int) -> str:

@@ -111,11 +111,12 @@ PROMETHEUS_COUNTERS: dict[str, tuple[str, str]] = {
 }
 
 
-# DecodingStepTally field -> counter name and help, labelled by `batch_sizes` and `num_drafts`.
+# DecodingStepTally field -> counter name and help, labelled by DECODING_STEP_LABELS.
 DECODING_STEP_COUNTERS: dict[str, tuple[str, str]] = {
     "steps": (
         "vllm:specextend_decoding_steps",
-        "Decoding steps the scheduler timed, by batch sizes and drafts per request.",
+        "Decoding steps the scheduler timed, by batch sizes, drafts verified per request "
+        "and drafts proposed for the next step.",
     ),
     "seconds": (
         "vllm:specextend_decoding_step_seconds",
@@ -126,7 +127,8 @@ DECODING_STEP_COUNTERS: dict[str, tuple[str, str]] = {
         "Tokens those steps gave their requests (one each and the drafts it accepted).",
     ),
 }
-DECODING_STEP_LABELS = ["batch_sizes", "num_drafts"]
+DECODING_STEP_LABELS = ["batch_sizes", "num_drafts", "next_drafts"]
+
 
 class SpecExtendProm:
     """One Prometheus counter per count, with vLLM's labels, and per decoding-step figure,
@@ -160,11 +162,10 @@ class SpecExtendProm:
 
     def observe_decoding_steps(self, steps: DecodingSteps, engine_idx: int) -> None:
         labelvalues = self._labelvalues[engine_idx]
-        for batch_sizes, num_drafts, tally in steps.rows():
+        for tally in steps.rows():
+            labels = (tally.batch_sizes, str(tally.num_drafts), str(tally.next_drafts))
             for field, counter in self._decoding_steps.items():
-                counter.labels(*labelvalues, batch_sizes, str(num_drafts)).inc(
-                    getattr(tally, field)
-                )
+                counter.labels(*labelvalues, *labels).inc(getattr(tally, field))
 
 
 class SpecExtendLogging:
@@ -225,10 +226,10 @@ class SpecExtendLogging:
                 "step, tokens/s): %s",
                 engine_idx,
                 "; ".join(
-                    f"{batch_sizes} x {num_drafts}: {tally.steps}, "
+                    f"{tally.batch_sizes} x {tally.drafts}: {tally.steps}, "
                     f"{1000 * tally.seconds / tally.steps:.1f} ms, "
                     f"{tally.tokens / tally.seconds:.2f}"
-                    for batch_sizes, num_drafts, tally in steps.rows()
+                    for tally in steps.rows()
                 ),
             )
         self._steps_since_last_log.clear()

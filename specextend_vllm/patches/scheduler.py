@@ -272,7 +272,11 @@ class SchedulerMeasuresDrafting(VllmPatch):
                     )
                 if step.tokens is not None:
                     getattr(self, _DECODING_STEPS).record(
-                        step.batch_size, step.verified_drafts, seconds, step.tokens
+                        step.batch_size,
+                        step.verified_drafts,
+                        scheduler_output.num_spec_tokens_to_schedule,
+                        seconds,
+                        step.tokens,
                     )
         outputs = SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)
         if times_steps(self):

@@ -243,8 +243,8 @@ def test_auto_drafting_follows_what_pays_on_time_as_the_draft_slows_down_and_rec
 
 
 
-def decoding_step_samples() -> dict[tuple[str, str], dict[str, float]]:
-    """(batch sizes, drafts per request) -> steps, seconds and tokens on the
+def decoding_step_samples() -> dict[tuple[str, str, str], dict[str, float]]:
+    """(batch sizes, drafts verified, drafts proposed) -> steps, seconds and tokens on the
     `vllm:specextend_decoding_step*` counters, from Prometheus's registry (vLLM's
     `LLM.get_metrics()` reads counters as whole numbers)."""
     names = {
@@ -252,11 +252,12 @@ def decoding_step_samples() -> dict[tuple[str, str], dict[str, float]]:
         "vllm:specextend_decoding_step_seconds_total": "seconds",
         "vllm:specextend_decoding_step_tokens_total": "tokens",
     }
-    samples: dict[tuple[str, str], dict[str, float]] = {}
+    samples: dict[tuple[str, str, str], dict[str, float]] = {}
     for family in REGISTRY.collect():
         for sample in family.samples:
             if sample.name in names:
-                key = (sample.labels["batch_sizes"], sample.labels["num_drafts"])
+                labels = sample.labels
+                key = (labels["batch_sizes"], labels["num_drafts"], labels["next_drafts"])
                 samples.setdefault(key, {})[names[sample.name]] = sample.value
     return samples
 
@@ -265,17 +266,18 @@ def test_the_decoding_steps_the_scheduler_timed_reach_the_front_end_as_measured(
     tiny_models: dict[str, Path], simulated_time: SimulatedTime
 ) -> None:
     """One request, the target drafting for itself (every draft accepted), its forward
-    taking SLOW_TARGET_S of simulated time: every decoding step, plain or drafting, took
-    SLOW_TARGET_S, and one of j drafts gave 1 + j tokens. The counters hold the steps after
-    the prompt's, each once: their tokens are those the request decoded after its first (a
-    last step's accepted drafts past `max_tokens` too), the drafting ones vLLM's drafts.
-    (Injected: the steps handed over kept and counted again at the next stats, and the
-    drafts' label taken from the next step's drafts; each failed here.)"""
+    taking SLOW_TARGET_S of simulated time: every decoding step, plain, drafting or
+    switching between the two, took SLOW_TARGET_S, and one verifying j drafts gave 1 + j
+    tokens. The counters hold the steps after the prompt's, each once: their tokens are
+    those the request decoded after its first (a last step's accepted drafts past
+    `max_tokens` too), the drafting ones vLLM's drafts. (Injected: the steps handed over
+    kept and counted again at the next stats, and the drafts verified and proposed
+    swapped; each failed here.)"""
     config = specextend_config(tiny_models["target"], drafting="auto", policy="full")
     [prompt] = random_prompts([3 * BLOCK_SIZE])
     plain = decode(tiny_models["target"], [prompt], LONG_OUTPUT_TOKENS).outputs
 
-    def run(llm: Any) -> tuple[dict[tuple[str, str], dict[str, float]], dict[str, float]]:
+    def run(llm: Any) -> tuple[dict[tuple[str, str, str], dict[str, float]], dict[str, float]]:
         llm.collective_rpc(
             functools.partial(
                 slow_down, drafter=False, seconds=SLOW_TARGET_S, clock=simulated_time
@@ -286,14 +288,15 @@ def test_the_decoding_steps_the_scheduler_timed_reach_the_front_end_as_measured(
 
     samples, counts = on_engine(tiny_models["target"], config, run)
     print(f"decoding steps: {samples}")
-    assert {batch_sizes for batch_sizes, _ in samples} == {"1"}
-    assert {"0", str(NUM_SPECULATIVE_TOKENS)} <= {num_drafts for _, num_drafts in samples}
-    for (_, num_drafts), tally in samples.items():
+    k = str(NUM_SPECULATIVE_TOKENS)
+    assert {batch_sizes for batch_sizes, _, _ in samples} == {"1"}
+    assert {("1", "0", "0"), ("1", k, k), ("1", "0", k), ("1", k, "0")} <= samples.keys()
+    for (_, num_drafts, _), tally in samples.items():
         assert tally["seconds"] == pytest.approx(SLOW_TARGET_S * tally["steps"])
         assert tally["tokens"] == (1 + int(num_drafts)) * tally["steps"]
     tokens = sum(tally["tokens"] for tally in samples.values())
     assert LONG_OUTPUT_TOKENS - 1 <= tokens < LONG_OUTPUT_TOKENS + NUM_SPECULATIVE_TOKENS
-    drafting_steps = sum(t["steps"] for (_, j), t in samples.items() if j != "0")
+    drafting_steps = sum(t["steps"] for (_, j, _), t in samples.items() if j != "0")
     assert drafting_steps == counts["num_drafts"]
 
 # Simulated seconds of the target's forward, and of each draft pass over a prompt: the

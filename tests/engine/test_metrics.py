@@ -92,7 +92,7 @@ def test_every_counter_reaches_the_front_end_next_to_vllms(front_end: dict[str, 
     decoding_steps = front_end["decoding_steps"]
     assert {m.name for m in decoding_steps} == {n for n, _ in DECODING_STEP_COUNTERS.values()}
     assert all(
-        m.labels.keys() == num_drafts.labels.keys() | {"batch_sizes", "num_drafts"}
+        m.labels.keys() == num_drafts.labels.keys() | {"batch_sizes", "num_drafts", "next_drafts"}
         and m.labels["engine"] == num_drafts.labels["engine"]
         for m in decoding_steps
     )

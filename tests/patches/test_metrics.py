@@ -49,11 +49,12 @@ def scheduler_stats(counts: SpecExtendCounts | None) -> SchedulerStats:
 
 
 def decoding_steps() -> DecodingSteps:
-    """A plain step of one request, and two of 4 requests verifying 3 drafts each."""
+    """A plain step of one request, and two of 4 requests verifying 3 drafts each, the
+    second then drafting none."""
     steps = DecodingSteps()
-    steps.record(batch_size=1, verified_drafts=0, seconds=0.25, tokens=1)
-    steps.record(batch_size=4, verified_drafts=3, seconds=0.5, tokens=10)
-    steps.record(batch_size=4, verified_drafts=3, seconds=0.75, tokens=12)
+    steps.record(batch_size=1, num_drafts=0, next_drafts=0, seconds=0.25, tokens=1)
+    steps.record(batch_size=4, num_drafts=3, next_drafts=3, seconds=0.5, tokens=10)
+    steps.record(batch_size=4, num_drafts=3, next_drafts=0, seconds=0.75, tokens=12)
     return steps
 
 
@@ -207,19 +208,22 @@ def test_decoding_steps_reach_counters_labelled_by_batch_sizes_and_drafts(
     stat_logger.record(stats, None, engine_idx=1)
     samples = {
         (sample.name, sample.labels["engine"], sample.labels["batch_sizes"],
-         sample.labels["num_drafts"]): sample.value
+         sample.labels["num_drafts"], sample.labels["next_drafts"]): sample.value
         for family in REGISTRY.collect()
         if family.name in {name for name, _ in DECODING_STEP_COUNTERS.values()}
         for sample in family.samples
         if sample.name.endswith("_total")
     }
     assert samples == {
-        ("vllm:specextend_decoding_steps_total", "1", "1", "0"): 2,
-        ("vllm:specextend_decoding_step_seconds_total", "1", "1", "0"): 0.5,
-        ("vllm:specextend_decoding_step_tokens_total", "1", "1", "0"): 2,
-        ("vllm:specextend_decoding_steps_total", "1", "4-7", "3"): 4,
-        ("vllm:specextend_decoding_step_seconds_total", "1", "4-7", "3"): 2.5,
-        ("vllm:specextend_decoding_step_tokens_total", "1", "4-7", "3"): 44,
+        ("vllm:specextend_decoding_steps_total", "1", "1", "0", "0"): 2,
+        ("vllm:specextend_decoding_step_seconds_total", "1", "1", "0", "0"): 0.5,
+        ("vllm:specextend_decoding_step_tokens_total", "1", "1", "0", "0"): 2,
+        ("vllm:specextend_decoding_steps_total", "1", "4-7", "3", "3"): 2,
+        ("vllm:specextend_decoding_step_seconds_total", "1", "4-7", "3", "3"): 1.0,
+        ("vllm:specextend_decoding_step_tokens_total", "1", "4-7", "3", "3"): 20,
+        ("vllm:specextend_decoding_steps_total", "1", "4-7", "3", "0"): 2,
+        ("vllm:specextend_decoding_step_seconds_total", "1", "4-7", "3", "0"): 1.5,
+        ("vllm:specextend_decoding_step_tokens_total", "1", "4-7", "3", "0"): 24,
     }
 
 

@@ -100,17 +100,19 @@ def test_the_log_line_sums_each_engines_counts_since_the_last_line() -> None:
     assert len(lines) == 2
 
 
-def test_decoding_steps_add_up_per_bucket_of_batch_sizes_and_number_of_drafts() -> None:
+def test_decoding_steps_add_up_per_bucket_of_batch_sizes_and_drafts_verified_and_proposed() -> None:
     first, second = DecodingSteps(), DecodingSteps()
-    first.record(batch_size=1, verified_drafts=4, seconds=0.5, tokens=4)
-    second.record(batch_size=1, verified_drafts=4, seconds=0.25, tokens=2)
-    second.record(batch_size=3, verified_drafts=0, seconds=0.5, tokens=3)
+    first.record(batch_size=1, num_drafts=4, next_drafts=4, seconds=0.5, tokens=4)
+    second.record(batch_size=1, num_drafts=4, next_drafts=4, seconds=0.25, tokens=2)
+    second.record(batch_size=1, num_drafts=4, next_drafts=0, seconds=0.25, tokens=3)
+    second.record(batch_size=3, num_drafts=0, next_drafts=0, seconds=0.5, tokens=3)
     first.add(second)
-    assert [(sizes, drafts, t.steps, t.seconds, t.tokens) for sizes, drafts, t in first.rows()] == [
-        ("1", 4, 2, 0.75, 6),
-        ("2-3", 0, 1, 0.5, 3),
+    assert [(t.batch_sizes, t.drafts, t.steps, t.seconds, t.tokens) for t in first.rows()] == [
+        ("1", "4->0", 1, 0.25, 3),
+        ("1", "4", 2, 0.75, 6),
+        ("2-3", "0", 1, 0.5, 3),
     ]
-    assert second.rows()[0][2].steps == 1  # what was added stays as it was
+    assert second.rows()[1].steps == 1  # what was added stays as it was
     assert DecodingSteps().is_empty() and not first.is_empty()
 
 
@@ -122,14 +124,16 @@ def test_the_decoding_steps_log_line_gives_steps_mean_step_and_tokens_per_second
         lines.append(message % args)
 
     steps = DecodingSteps()
-    steps.record(batch_size=4, verified_drafts=0, seconds=0.25, tokens=4)
-    steps.record(batch_size=5, verified_drafts=3, seconds=0.5, tokens=11)
+    steps.record(batch_size=4, num_drafts=0, next_drafts=0, seconds=0.25, tokens=4)
+    steps.record(batch_size=5, num_drafts=0, next_drafts=3, seconds=0.5, tokens=5)
+    steps.record(batch_size=5, num_drafts=3, next_drafts=3, seconds=0.5, tokens=11)
     logging.observe_decoding_steps(steps, engine_idx=0)
     logging.observe_decoding_steps(steps, engine_idx=0)
     logging.log(log_fn)
     assert lines == [
         "Engine 000: SpecExtend decoding steps (batch sizes x drafts: steps, mean step, "
-        "tokens/s): 4-7 x 0: 2, 250.0 ms, 16.00; 4-7 x 3: 2, 500.0 ms, 22.00"
+        "tokens/s): 4-7 x 0: 2, 250.0 ms, 16.00; 4-7 x 0->3: 2, 500.0 ms, 10.00; "
+        "4-7 x 3: 2, 500.0 ms, 22.00"
     ]
     logging.log(log_fn)
     assert len(lines) == 1
