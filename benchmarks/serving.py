@@ -201,6 +201,33 @@ def decoding_steps_added(
     return added
 
 
+def against_plain_steps(steps: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per bucket of batch sizes, the tokens per second of all its decoding steps (plain,
+    drafting and switching between the two) over those of its plain steps alone: what
+    `drafting: auto`'s choices gave against decoding without drafts on the same server at
+    the same time, where the server measured both.
+
+    >>> against_plain_steps({
+    ...     "4-7 x 0": {"steps": 10, "seconds": 3.0, "tokens": 40},
+    ...     "4-7 x 0->1": {"steps": 1, "seconds": 0.5, "tokens": 4},
+    ...     "4-7 x 1": {"steps": 10, "seconds": 4.0, "tokens": 60},
+    ...     "1 x 4": {"steps": 5, "seconds": 2.0, "tokens": 15},
+    ... })
+    {'4-7': 1.04}
+    """
+    buckets: dict[str, list[dict[str, float]]] = {}
+    for key, figures in steps.items():
+        buckets.setdefault(key.split(" x ")[0], []).append(figures)
+    ratios = {}
+    for batch_sizes, tallies in buckets.items():
+        plain = steps.get(f"{batch_sizes} x 0")
+        if plain is None:
+            continue
+        rate = sum(t["tokens"] for t in tallies) / sum(t["seconds"] for t in tallies)
+        ratios[batch_sizes] = round(rate / (plain["tokens"] / plain["seconds"]), 3)
+    return ratios
+
+
 def bench_serve(target: Path, port: int, prompts: Path, args: argparse.Namespace, concurrency: int, result: Path) -> dict[str, Any]:
     subprocess.run(
         [
@@ -252,6 +279,7 @@ def run(args: argparse.Namespace, draft: Path, target: Path, tokenizer: Any, wor
                             | {key: figures.get(key) for key in FIGURES}
                             | {key: totals[1][key] - totals[0][key] for key in COUNTERS}
                             | {"decoding_steps": steps}
+                            | {"against_plain_steps": against_plain_steps(steps)}
                         )
                 finally:
                     stop_server(server)
@@ -409,7 +437,7 @@ def main() -> None:
         print(f"{cell['method']} | {cell['concurrency']} | {cell['rounds']} | {figures}")
     print(
         "round | method | concurrency | decoding steps the scheduler timed (batch sizes x "
-        "drafts: steps, mean step ms, tokens/s)"
+        "drafts: steps, mean step ms, tokens/s) | their tokens/s over its plain steps'"
     )
     for row in rows:
         if row["decoding_steps"]:
@@ -419,7 +447,13 @@ def main() -> None:
                 f"{figures['tokens'] / figures['seconds']:.2f}"
                 for key, figures in row["decoding_steps"].items()
             )
-            print(f"{row['round'] + 1} | {row['method']} | {row['concurrency']} | {steps}")
+            ratios = ", ".join(
+                f"{sizes}: {ratio:.2f}" for sizes, ratio in row["against_plain_steps"].items()
+            )
+            print(
+                f"{row['round'] + 1} | {row['method']} | {row['concurrency']} | {steps} | "
+                f"{ratios}"
+            )
     print(f"saved {path} and {plot(path)}")
 
 

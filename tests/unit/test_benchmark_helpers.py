@@ -21,7 +21,14 @@ from benchmarks.draft_length_simulation import COST_PROFILES, Machine, correct_d
 from benchmarks.forward_parts import PartClock, decode_figures, prefill_figures
 from benchmarks.genres import named_texts, python_sources
 from benchmarks.prompts import draft_origin_of_tokens, needle_value
-from benchmarks.serving import add_ratios, over_rounds, plot
+from benchmarks.serving import (
+    add_ratios,
+    against_plain_steps,
+    decoding_steps,
+    decoding_steps_added,
+    over_rounds,
+    plot,
+)
 from benchmarks.speed_summary import cells_at_defaults, cells_in_one_engine, summarize
 
 
@@ -394,6 +401,35 @@ def test_serving_compares_each_server_with_no_speculation_in_its_own_round(
     args = {"length": 2048, "max_tokens": 64}
     record.write_text(json.dumps({"args": args, "machine": {"cpu": "test"}, "table": rows}))
     assert plot(record).exists()
+
+
+def test_serving_reads_each_runs_decoding_steps_and_sets_them_against_its_plain_steps() -> None:
+    """What a run added to a server's decoding-step counters, read from two /metrics texts,
+    and per bucket its tokens per second over those of its plain steps (a bucket with no
+    plain step has no ratio)."""
+
+    def metrics(plain_steps: float, switches: float, drafting_steps: float) -> str:
+        series = {
+            ("4-7", "0", "0"): (plain_steps, 0.3 * plain_steps, 4 * plain_steps),
+            ("4-7", "0", "1"): (switches, 0.5 * switches, 4 * switches),
+            ("4-7", "1", "1"): (drafting_steps, 0.4 * drafting_steps, 6 * drafting_steps),
+            ("1", "4", "4"): (drafting_steps, 0.4 * drafting_steps, 3 * drafting_steps),
+        }
+        names = ("steps_total", "step_seconds_total", "step_tokens_total")
+        return "\n".join(
+            f'vllm:specextend_decoding_{name}{{batch_sizes="{sizes}",engine="0",'
+            f'model_name="m",next_drafts="{proposed}",num_drafts="{verified}"}} {value}'
+            for (sizes, verified, proposed), values in series.items()
+            for name, value in zip(names, values)
+        )
+
+    before, after = decoding_steps(metrics(2, 0, 5)), decoding_steps(metrics(12, 1, 15))
+    added = decoding_steps_added(before, after)
+    assert added["4-7 x 0->1"] == {"steps": 1, "seconds": 0.5, "tokens": 4}
+    assert added["4-7 x 0"] == pytest.approx({"steps": 10, "seconds": 3.0, "tokens": 40})
+    assert added["4-7 x 1"] == pytest.approx({"steps": 10, "seconds": 4.0, "tokens": 60})
+    # 104 tokens in 7.5 s against 40 in 3 s
+    assert against_plain_steps(added) == {"4-7": pytest.approx(1.04)}
 
 
 def test_the_retrieval_state_is_each_measured_choice_both_ways() -> None:
