@@ -172,17 +172,12 @@ class DecodingSteps:
     def record(
         self, batch_size: int, num_drafts: int, next_drafts: int, seconds: float, tokens: int
     ) -> None:
-        tally = self._tally(batch_size_bucket(batch_size), num_drafts, next_drafts)
-        tally.steps += 1
-        tally.seconds += seconds
-        tally.tokens += tokens
+        bucket = batch_size_bucket(batch_size)
+        self._add(DecodingStepTally(bucket, num_drafts, next_drafts, 1, seconds, tokens))
 
     def add(self, other: DecodingSteps) -> None:
         for theirs in other.tallies:
-            tally = self._tally(theirs.bucket, theirs.num_drafts, theirs.next_drafts)
-            tally.steps += theirs.steps
-            tally.seconds += theirs.seconds
-            tally.tokens += theirs.tokens
+            self._add(theirs)
 
     def is_empty(self) -> bool:
         return not self.tallies
@@ -193,15 +188,18 @@ class DecodingSteps:
             self.tallies, key=lambda tally: (tally.bucket, tally.num_drafts, tally.next_drafts)
         )
 
-    def _tally(self, bucket: int, num_drafts: int, next_drafts: int) -> DecodingStepTally:
-        """The tally of these keys, added where there is none (a few per bucket)."""
-        for tally in self.tallies:
-            if (tally.bucket, tally.num_drafts, tally.next_drafts) == (
-                bucket, num_drafts, next_drafts
-            ):
-                return tally
-        self.tallies.append(DecodingStepTally(bucket, num_drafts, next_drafts))
-        return self.tallies[-1]
+    def _add(self, theirs: DecodingStepTally) -> None:
+        """Adds to the tally of the same keys, or to a new one (a few per bucket)."""
+        keys = (theirs.bucket, theirs.num_drafts, theirs.next_drafts)
+        tally = next(
+            (t for t in self.tallies if (t.bucket, t.num_drafts, t.next_drafts) == keys), None
+        )
+        if tally is None:
+            tally = DecodingStepTally(*keys)
+            self.tallies.append(tally)
+        tally.steps += theirs.steps
+        tally.seconds += theirs.seconds
+        tally.tokens += theirs.tokens
 
 
 def drafts_label(num_drafts: int, next_drafts: int) -> str:

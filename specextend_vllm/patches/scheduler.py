@@ -257,7 +257,8 @@ class SchedulerMeasuresDrafting(VllmPatch):
                 getattr(self, _PROMPT_WORK).cost.add(
                     counts.prompt_pass_tokens, counts.prompt_pass_seconds
                 )
-        if times_steps(self):
+        timed = times_steps(self)
+        if timed:
             started = getattr(self, _STEP_STARTS).pop(id(scheduler_output), None)
             step = decoding_step(scheduler_output, model_runner_output)
             if started is not None and step is not None:
@@ -279,7 +280,7 @@ class SchedulerMeasuresDrafting(VllmPatch):
                         step.tokens,
                     )
         outputs = SchedulerMeasuresDrafting.original(self, scheduler_output, model_runner_output)
-        if times_steps(self):
+        if timed:
             hand_over_decoding_steps(self, outputs)
         return outputs
 
