@@ -27,14 +27,14 @@ Each bucket measures k drafts first (8 steps), then none, then keeps the best le
 bucket whose first step comes once acceptance is measured needs only step times, and
 measures the cheapest drafting step, one draft (3 steps), then none: lengths beyond the
 longest measured are extrapolated, linear in the number of drafts, and the best one, once
-drafted, measured (in 2K serving, 4 requests' first steps at 4 drafts took 3.2x a plain
-step and gave 1.8 tokens a request, where 2 or 3 drafts took 1.6-1.9x and gave 2.3-3).
-Then the bucket tries drafting or not drafting, whichever it left,
-again for a few steps after a number of steps that starts small and doubles while the
+drafted, measured (in 2K serving, 4 requests' first steps drafting 4 tokens took 2.0-3.2x
+a plain step and gave 1.4-1.8 tokens a request, where one draft took 1.2-1.6x and gave 1.7,
+two 1.5-1.6x and 2.2-2.3). Then the bucket tries drafting or not drafting, whichever it
+left, again for a few steps after a number of steps that starts small and doubles while the
 choice holds (`algorithm.exploration`), so a wrong first choice is left quickly and a
-changed workload changes it. While drafting is kept its
-own rate is measured at every step, and a plain step's time hardly changes (it depends on
-the batch and the context length, not on the text): plain steps are measured again rarely
+changed workload changes it. While drafting is kept its own rate is measured at every step,
+and a plain step's time hardly changes (it depends on the batch and the context length,
+not on the text): plain steps are measured again rarely
 (after 32 steps, up to 256). While not drafting is kept, drafting (at the best length) is
 measured again sooner (after 8 steps, up to 64): only drafting tells whether the draft is
 accepted again. After the first check, a choice that wins clearly is checked no more often
