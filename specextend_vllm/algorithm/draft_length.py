@@ -136,6 +136,10 @@ class BucketState:
         self.steps = 0
         self.measured_at = [0] * (max_drafts + 1)
 
+    def measure_first(self, num_drafts: int) -> None:
+        """Before the bucket's first step: it measures `num_drafts` drafts first, not k."""
+        self.first_length = self.length = self.drafting_length = num_drafts
+
     def add_step_time(self, num_drafts: int, seconds: float) -> None:
         """One step's time of `num_drafts` drafts; a stale length's readings are dropped
         first, so that it is interpolated until measured afresh."""
@@ -187,12 +191,16 @@ class BucketState:
         ...     bucket.add_step_time(4, 1.5)
         >>> bucket.step_times()
         [0.5, 0.75, 1.0, 1.25, 1.5]
+
+        A batch of 4 in 2K serving, none and one draft measured (its first length):
+
         >>> bucket = BucketState(max_drafts=4)
+        >>> bucket.measure_first(1)
         >>> for _ in range(MIN_PLAIN_SAMPLES):
-        ...     bucket.add_step_time(0, 0.5)
-        ...     bucket.add_step_time(1, 0.75)
-        >>> bucket.step_times()
-        [0.5, 0.75, 1.0, 1.25, 1.5]
+        ...     bucket.add_step_time(0, 0.348)
+        ...     bucket.add_step_time(1, 0.554)
+        >>> [round(seconds, 3) for seconds in bucket.step_times()]
+        [0.348, 0.554, 0.76, 0.966, 1.172]
         """
         measured = self.current_lengths()
         times = []
@@ -410,7 +418,7 @@ class DraftLengthChooser:
         """Buckets that have not stepped yet measure `first_length` drafts first."""
         for index, bucket in enumerate(self.buckets):
             if not bucket.steps:
-                bucket.first_length = first_length
+                bucket.measure_first(first_length)
                 self._write_lookup(index, first_length)
 
     def _tokens_per_length(self) -> dict[int, float]:
