@@ -148,6 +148,16 @@ def test_a_new_batch_size_measures_one_draft_briefly_once_acceptance_is_known() 
     assert scheduled[-4:] == [0] * 4
 
 
+def test_a_new_batch_size_measures_a_whole_tree() -> None:
+    """Trees are drafted whole or not at all: a new bucket measures K drafts, acceptance
+    known or not."""
+    chooser = DraftLengthChooser(K, max_batch_size=4, chooses_length=False)
+    run_steps(chooser, 1, 30, drafting_s=0.34, plain_s=0.22, tokens=2.3)
+    scheduled = run_steps(chooser, 4, 30, drafting_s=0.7, plain_s=0.2, tokens=2.3)
+    assert scheduled[:MIN_PLAIN_SAMPLES] == [K] * MIN_PLAIN_SAMPLES
+    assert set(scheduled) <= {0, K}
+
+
 def test_a_new_batch_size_goes_up_to_the_drafts_that_pay() -> None:
     """Step times read in 2K serving at batch 4 (0.36 s plain, 0.55 s with one draft, then
     0.03-0.04 s a draft more): from none and one draft, more drafts extrapolate to 0.19 s
