@@ -322,9 +322,7 @@ class DraftLengthChooser:
         if verified_drafts and accepted_shares is not None:
             self._record_acceptance(accepted_shares)
         drafting_samples = (
-            MIN_PLAIN_SAMPLES
-            if self.accepted_drafts.samples >= MIN_DRAFTING_SAMPLES
-            else MIN_DRAFTING_SAMPLES
+            MIN_PLAIN_SAMPLES if self.acceptance_measured else MIN_DRAFTING_SAMPLES
         )
         if bucket.measured(drafting_samples):
             preferred, length = bucket.prefers_drafting, bucket.length
@@ -408,10 +406,16 @@ class DraftLengthChooser:
         """
         return self.draft_acceptance.rates()
 
+    @property
+    def acceptance_measured(self) -> bool:
+        """Whether drafting steps of any batch size have measured acceptance."""
+        return self.accepted_drafts.samples >= MIN_DRAFTING_SAMPLES
+
     def _record_acceptance(self, accepted_shares: Sequence[float]) -> None:
+        measured_before = self.acceptance_measured
         self.accepted_drafts.add(sum(accepted_shares))
         self.draft_acceptance.add(accepted_shares)
-        if self.accepted_drafts.samples == MIN_DRAFTING_SAMPLES:
+        if self.acceptance_measured and not measured_before:
             self._measure_new_buckets_from(self.drafting_lengths[0])
 
     def _measure_new_buckets_from(self, first_length: int) -> None:
