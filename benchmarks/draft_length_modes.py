@@ -96,6 +96,30 @@ def fixed_draft_length(chooser: Any, num_drafts: int | None) -> Iterator[None]:
         chooser.lookup[:] = kept
 
 
+@contextlib.contextmanager
+def recorded_steps(chooser: Any) -> Iterator[list[tuple[int, int, float]]]:
+    """The steps the chooser is told of meanwhile (paused or not): drafts verified, drafts
+    scheduled next and the step's time (ms), in order."""
+    steps: list[tuple[int, int, float]] = []
+    record_step = chooser.record_step
+    held = chooser.__dict__.get("record_step")
+
+    def recording(
+        batch_size: int, verified: int, scheduled: int, seconds: float, *args: Any
+    ) -> None:
+        steps.append((verified, scheduled, 1000 * seconds))
+        record_step(batch_size, verified, scheduled, seconds, *args)
+
+    chooser.record_step = recording
+    try:
+        yield steps
+    finally:
+        if held is None:
+            del chooser.record_step
+        else:
+            chooser.record_step = held
+
+
 # Per choice a mode may hold: the chooser (from the worker's drafter), the method that
 # answers it and the answer held.
 PINS: dict[str, tuple[Callable[[Any], Any], str, bool]] = {
@@ -228,7 +252,8 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
     """The prompt's prefill and one decode in `auto`, then `args.rounds` rounds of every
     mode; each decode's tokens/s, the machine's memory bandwidth just before it, drafts
     and accepted drafts per step, draft steps on the reduced cache (the rest drafted on the
-    full one: `retrieval: auto` chooses as usual) and the two choosers' state after it."""
+    full one: `retrieval: auto` chooses as usual), the steps `drafting: auto`'s chooser was
+    told of (`recorded_steps`) and the two choosers' state after it."""
     from specextend_vllm import step_timings
 
     chooser = draft_length_chooser(llm)
@@ -244,7 +269,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                 step_timings(llm)  # the steps timed before this decode, dropped
                 with fixed_draft_length(chooser, MODES[mode]), held_choices(
                     llm, HELD_CHOICES.get(mode, ())
-                ):
+                ), recorded_steps(chooser) as steps:
                     [request], _ = engine.generate(llm, [prompt], args.max_tokens)
                 forward_ms = target_forward_ms(llm, MAX_DRAFTS + 1, request.decode_s)
             reduced_steps, _ = engine.reduced_steps_between(
@@ -263,6 +288,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                     "mean_acceptance_length": request.mean_acceptance_length,
                     "same_output_as_first": request.tokens == first.tokens,
                     "chooser_after": chooser_state(chooser),
+                    "chooser_steps": steps,
                     "retrieval_after": llm.collective_rpc(retrieval_state)[0],
                 }
             )

@@ -17,8 +17,10 @@ the AMD EPYC at 3K-8K), `verify_cheap` (verifying 5 tokens about a plain forward
 the AMX Xeon whose 8K steps are memory-bound), `fp32_draft` (a drafted token 0.3 of a
 plain step) and `fp32_draft_avx2` (a drafted token 0.5 of one, where drafting about
 breaks even: the fp32 draft on a 2-core Zen 3 EPYC without int8 dot products, 1K-4K). The
-machine runs `steady`, in `stretches` (10-80 plain steps at 1.0, 1.25 or 1.4x the time)
-or on a random `walk`; the engine's first 15 steps take 1.3x the time. Each policy (the
+machine runs `steady`, in `stretches` (10-80 plain steps at 1.0, 1.25 or 1.4x the time),
+on a random `walk`, or with `spikes` (2-8 plain steps at 2.0-2.5x the time every 20-150:
+the host taking the cores, as a Zen 4 EPYC's first plain steps at 8K read 2.4x the later
+ones); the engine's first 15 steps take 1.3x the time. Each policy (the
 chooser, or j drafts every step) decodes the same workload on the same machine (its speed
 a function of the time elapsed). Printed and saved
 (`benchmarks/results/<output>.json`): the chooser's tokens per second over the best fixed
@@ -26,7 +28,8 @@ number of drafts and over 4 every step (`draft_model`'s choice), medians and min
 workloads and seeds, and how many fall below 0.97x.
 
     python -m benchmarks.draft_length_simulation [--seeds 5] [--repeats 1 3 30]
-        [--profiles verify_costly ...] [--output draft_length_simulation]
+        [--profiles verify_costly ...] [--machines steady ...]
+        [--output draft_length_simulation]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ NUM_DRAFTS = 4
 COLD_STEPS = 15
 COLD_SLOWDOWN = 1.3
 STEP_NOISE = 0.03
+MACHINES = ("steady", "stretches", "walk", "spikes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +102,9 @@ class Machine:
             if kind == "stretches":
                 now += rng.uniform(10, 80)
                 factor = rng.choice([1.0, 1.0, 1.25, 1.4])
+            elif kind == "spikes":
+                now += rng.uniform(20, 150) if factor == 1.0 else rng.uniform(2, 8)
+                factor = rng.uniform(2.0, 2.5) if factor == 1.0 else 1.0
             else:
                 now += 1.0
                 factor = min(1.6, max(0.8, factor * (1 + rng.gauss(0, 0.03))))
@@ -206,6 +213,7 @@ def main() -> None:
     parser.add_argument(
         "--profiles", nargs="+", choices=list(COST_PROFILES), default=list(COST_PROFILES)
     )
+    parser.add_argument("--machines", nargs="+", choices=MACHINES, default=list(MACHINES))
     parser.add_argument("--output", default="draft_length_simulation")
     args = parser.parse_args()
     results: dict[str, Any] = {}
@@ -218,7 +226,7 @@ def main() -> None:
         workloads = saved_workloads(repeats)
         for profile in args.profiles:
             costs = COST_PROFILES[profile]
-            for kind in ("steady", "stretches", "walk"):
+            for kind in args.machines:
                 against_best, against_four = [], []
                 for workload in workloads.values():
                     horizon = 4.0 * sum(map(len, workload))

@@ -52,11 +52,17 @@ lengths on both sides of it were is interpolated between them, and measured afre
 drafted again: a length no longer chosen is not drafted again, and its last reading, maybe
 from a slow stretch, would otherwise stand for good (on an AVX2 EPYC at 4K one draft's
 time read 1.36x its earlier one in a slow stretch and stayed so for 15 requests, plain
-steps kept where one draft at its earlier time promised 1.1x). Where the kept choice
-measured more than `exploration.CLEAR_WIN` (1.5x) faster when it was made, each of these
-checks waits its
-longest period first (at 16K, a 4-draft step of 1.15 s in an engine's first answer, where
-3 drafts took 0.46-0.83 s, held 3 drafts a step for 100 steps).
+steps kept where one draft at its earlier time promised 1.1x). A plain step's reading
+has no shorter length to be interpolated from: where it is older than STALE_STEPS steps
+and slower than a drafting length's reading made since, plain steps are measured again at
+once (a plain step runs the least of any step; on a 2-core Zen 4 EPYC at 8K, an engine's
+first three plain steps, in a slow stretch, read 924 ms where later ones took 384 ms, two
+or three drafts a step were kept at 598-914 ms, and plain steps were not measured again
+for 256 steps, through a text that plain decoding decoded 1.10x faster). Where the kept
+choice measured more than `exploration.CLEAR_WIN` (1.5x) faster when it was made, each of
+these checks waits its longest period first (at 16K, a 4-draft step of 1.15 s in an
+engine's first answer, where 3 drafts took 0.46-0.83 s, held 3 drafts a step for 100
+steps).
 """
 
 from __future__ import annotations
@@ -156,6 +162,35 @@ class BucketState:
     def exploration(self) -> Exploration:
         """When the choice kept now measures the other one again."""
         return self.plain_exploration if self.prefers_drafting else self.drafting_exploration
+
+    def doubts_plain_time(self) -> bool:
+        """Whether a plain step's reading, made more than STALE_STEPS steps ago, is slower
+        than a drafting length's current reading made since.
+
+        Zen 4 at 8K: plain steps read 924 ms in a slow stretch, then three drafts a step
+        717 ms for STALE_STEPS steps; one more and the plain reading is in doubt:
+
+        >>> bucket = BucketState(max_drafts=3)
+        >>> for _ in range(MIN_PLAIN_SAMPLES):
+        ...     bucket.add_step_time(0, 0.924)
+        >>> for step in range(1, STALE_STEPS + 2):
+        ...     bucket.steps = step
+        ...     bucket.add_step_time(3, 0.717)
+        ...     if step == STALE_STEPS: print(bucket.doubts_plain_time())
+        False
+        >>> bucket.doubts_plain_time()
+        True
+        """
+        if self.step_s[0].samples < MIN_PLAIN_SAMPLES:
+            return False
+        if self.steps - self.measured_at[0] <= STALE_STEPS:
+            return False
+        plain_s = self.step_s[0].value
+        return any(
+            self.measured_at[j] > self.measured_at[0] and self.step_s[j].value < plain_s
+            for j in self.current_lengths()
+            if j
+        )
 
     def measured(self, drafting_samples: int) -> bool:
         return (
@@ -336,6 +371,8 @@ class DraftLengthChooser:
                 EXPLORATION_STEPS if bucket.prefers_drafting else DRAFTING_EXPLORATION_STEPS,
                 explored_tokens_ratio,
             )
+            if bucket.prefers_drafting and bucket.doubts_plain_time():
+                bucket.plain_exploration.explore_now(EXPLORATION_STEPS)
             if (
                 bucket.prefers_drafting
                 and bucket.length < self.max_drafts

@@ -237,6 +237,19 @@ class Exploration:
             budgeted_steps, self.win, self.explored_tokens_ratio
         ):
             return
+        self.explore_now(steps_to_explore)
+
+    def explore_now(self, steps_to_explore: int) -> None:
+        """Explores for `steps_to_explore` steps from the next one, unless exploring now;
+        the schedule then goes on from its period.
+
+        >>> exploration = Exploration(first_period=32)
+        >>> exploration.count_step(preference_changed=False, win=2.0, steps_to_explore=4)
+        >>> exploration.explore_now(4); exploration.exploring_for, exploration.period
+        (4, 64)
+        """
+        if self.exploring:
+            return
         self.exploring_for = steps_to_explore
         self.steps_since = 0
 

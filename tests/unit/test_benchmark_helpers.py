@@ -200,6 +200,22 @@ def test_a_fixed_draft_length_holds_the_choosers_table_and_gives_it_back() -> No
         assert chooser.lookup == [4] * 5
 
 
+def test_recorded_steps_see_what_the_chooser_is_told_paused_or_not() -> None:
+    """Each decode of `benchmarks.draft_length_modes` keeps the steps the chooser was told
+    of, in a mode that pauses it too, and leaves the chooser as it found it."""
+    from benchmarks.draft_length_modes import fixed_draft_length, recorded_steps
+    from specextend_vllm.algorithm.draft_length import DraftLengthChooser
+
+    chooser = DraftLengthChooser(num_speculative_tokens=4, max_batch_size=4)
+    with fixed_draft_length(chooser, 2), recorded_steps(chooser) as steps:
+        chooser.record_step(1, 2, 2, 0.5, [1.0] * 2)
+    assert steps == [(2, 2, 500.0)] and chooser.buckets[0].step_s[2].samples == 0
+    with recorded_steps(chooser) as steps:
+        chooser.record_step(1, 4, 0, 0.25, [1.0] * 4)
+    assert steps == [(4, 0, 250.0)] and "record_step" not in vars(chooser)
+    assert chooser.draft_acceptance_rates()[0] == 1.0
+
+
 def test_held_choices_pin_the_choosers_and_give_them_back() -> None:
     """`draft_model_like` holds plain and verifying steps on vLLM's attention and the draft
     on the full cache, whatever the choosers measured, their measurements paused; then the
