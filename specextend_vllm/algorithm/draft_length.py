@@ -56,7 +56,7 @@ steps kept where one draft at its earlier time promised 1.1x). A plain step's re
 has no shorter length to be interpolated from: where it is older than STALE_STEPS steps
 and slower than a drafting length's reading made since, plain steps are measured again at
 once (a plain step runs the least of any step; on a 2-core Zen 4 EPYC at 8K, an engine's
-first three plain steps, in a slow stretch, read 924 ms where later ones took 384 ms, two
+first three plain steps, in a slow stretch, read 924 ms where later ones took 385 ms, two
 or three drafts a step were kept at 598-914 ms, and plain steps were not measured again
 for 256 steps, through a text that plain decoding decoded 1.10x faster). Where the kept
 choice measured more than `exploration.CLEAR_WIN` (1.5x) faster when it was made, each of
