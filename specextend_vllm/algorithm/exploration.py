@@ -5,9 +5,11 @@ when a choice, once made, tries the other again (`Exploration`, also for `drafti
 Exploring the worse way costs time: an exploration of E steps, each giving T_e tokens in
 S_e seconds where the kept way gives T_k tokens in S_k, loses E * (S_e / S_k - T_e / T_k)
 kept steps (with w the kept way's measured win in tokens per second, S_e / S_k is
-w * T_e / T_k). Once a choice has been checked again, explorations come at most once in
-the number of steps that keeps that loss within EXPLORATION_BUDGET of them, and at least
-once in LONGEST_BUDGETED_PERIOD steps, whatever the doubling schedule says."""
+w * T_e / T_k), plus what its switches there and back cost more than a step of each way
+(for `drafting: auto`, the draft's catch-up after plain steps). Once a choice has been
+checked again, explorations come at most once in the number of steps that keeps that loss
+within EXPLORATION_BUDGET of them, and at least once in LONGEST_BUDGETED_PERIOD steps,
+whatever the doubling schedule says."""
 
 from __future__ import annotations
 
@@ -100,21 +102,27 @@ def keeps_preference(prefers_first: bool, first_rate: float, second_rate: float)
     return first_rate > SWITCH_MARGIN * second_rate
 
 
-def budgeted_period(steps_to_explore: int, win: float, explored_tokens_ratio: float) -> int:
+def budgeted_period(
+    steps_to_explore: int, win: float, explored_tokens_ratio: float, switch_steps: float = 0.0
+) -> int:
     """The fewest steps between explorations of `steps_to_explore` steps of a way that
     measures `win` times slower in tokens per second than the kept one, its steps giving
-    `explored_tokens_ratio` times the kept one's tokens, for the explorations to lose at
-    most EXPLORATION_BUDGET of those steps; at most LONGEST_BUDGETED_PERIOD.
+    `explored_tokens_ratio` times the kept one's tokens, and whose switches there and back
+    cost `switch_steps` kept steps more, for the explorations to lose at most
+    EXPLORATION_BUDGET of those steps; at most LONGEST_BUDGETED_PERIOD.
 
     Drafting at 1.66 tokens/s, 2.68 tokens a step, against 1.92 plain (a 1.16x win for not
     drafting): 8 drafting steps lose 3.4 plain steps, so drafting is tried again after
     115 plain steps. Were drafting the one winning 1.16x, 4 plain steps explored would lose
-    0.24 drafting steps: 8 steps between explorations would do.
+    0.24 drafting steps: 8 steps between explorations would do, or 15 where the draft's
+    catch-up on the way back costs 0.2 drafting steps more.
 
     >>> budgeted_period(8, 1.16, 2.68), budgeted_period(4, 1.16, 1 / 2.68)
     (115, 8)
+    >>> budgeted_period(4, 1.16, 1 / 2.68, switch_steps=0.2)
+    15
     """
-    lost_steps = steps_to_explore * explored_tokens_ratio * max(win - 1.0, 0.0)
+    lost_steps = steps_to_explore * explored_tokens_ratio * max(win - 1.0, 0.0) + switch_steps
     return min(math.ceil(lost_steps / EXPLORATION_BUDGET), LONGEST_BUDGETED_PERIOD)
 
 
@@ -162,10 +170,12 @@ class Exploration:
     steps_since: int = 0
     period: int = dataclasses.field(init=False)
     counted: bool = False
-    # The last counted step's: how many times faster the kept choice measured, and the
-    # other one's tokens per step over its own.
+    # The last counted step's: how many times faster the kept choice measured, the other
+    # one's tokens per step over its own, and what switching to it and back costs more, in
+    # steps of its own.
     win: float = 1.0
     explored_tokens_ratio: float = 1.0
+    switch_steps: float = 0.0
 
     def __post_init__(self) -> None:
         self.period = self.first_period
@@ -180,13 +190,16 @@ class Exploration:
         win: float,
         steps_to_explore: int,
         explored_tokens_ratio: float = 1.0,
+        switch_steps: float = 0.0,
     ) -> None:
         """One measured step; `win`: how many times faster the preferred choice measures;
         `explored_tokens_ratio`: the other choice's tokens per step over the preferred one's;
-        the first step counted is that of the first choice."""
+        `switch_steps`: what switching to the other choice and back costs more, in
+        preferred steps; the first step counted is that of the first choice."""
         choice_made = preference_changed or not self.counted
         self.counted = True
         self.win, self.explored_tokens_ratio = win, explored_tokens_ratio
+        self.switch_steps = switch_steps
         if choice_made:
             self.exploring_for = 0
             self.steps_since = 0
@@ -200,7 +213,7 @@ class Exploration:
             if not self.exploring_for:
                 self.period = max(
                     min(2 * self.period, self.max_period),
-                    budgeted_period(steps_to_explore, win, explored_tokens_ratio),
+                    budgeted_period(steps_to_explore, win, explored_tokens_ratio, switch_steps),
                 )
         else:
             self.steps_since += 1
@@ -234,7 +247,7 @@ class Exploration:
         if self.exploring or not self.counted or self.win >= NARROW_WIN:
             return
         if self.steps_since < budgeted_period(
-            budgeted_steps, self.win, self.explored_tokens_ratio
+            budgeted_steps, self.win, self.explored_tokens_ratio, self.switch_steps
         ):
             return
         self.explore_now(steps_to_explore)
