@@ -12,6 +12,7 @@ import pytest
 from specextend_vllm.algorithm.draft_acceptance import chain_tokens
 from specextend_vllm.algorithm.draft_length import (
     DRAFTING_EXPLORATION_STEPS,
+    EXPLORATION_STEPS,
     MIN_DRAFTING_SAMPLES,
     MIN_PLAIN_SAMPLES,
     PLAIN_EXPLORATION_PERIOD,
@@ -169,7 +170,7 @@ def test_a_new_batch_size_goes_up_to_the_drafts_that_pay() -> None:
     0.03-0.04 s a draft more): from none and one draft, more drafts extrapolate to 0.19 s
     each and one seems best; one draft more, drafted now and then, measures cheaper, and
     the bucket goes up to K and keeps it (4.6 tokens/s against 3.2 with one draft and 2.8
-    plain)."""
+    plain), plain steps explored aside."""
     chooser = DraftLengthChooser(K, max_batch_size=4)
     run_steps(chooser, 1, 30, drafting_s=0.34, plain_s=0.22, tokens=2.3)
     scheduled = run_steps(
@@ -177,7 +178,8 @@ def test_a_new_batch_size_goes_up_to_the_drafts_that_pay() -> None:
         step_s=[0.36, 0.55, 0.58, 0.62],
     )
     assert scheduled.index(K) < 30
-    assert scheduled[-20:].count(K) >= 18
+    last = scheduled[-20:]
+    assert set(last) <= {0, K} and last.count(K) >= len(last) - EXPLORATION_STEPS
 
 
 def test_switching_steps_measure_neither_choice() -> None:
