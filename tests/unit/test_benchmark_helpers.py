@@ -86,7 +86,13 @@ def test_the_simulated_decode_replays_the_saved_drafts_at_any_number_of_drafts()
     assert tokens == len(stream)
     assert [shares for _, _, shares in steps] == [[1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]
     assert all(verified == next_drafts == 2 for verified, next_drafts, _ in steps)
-    assert 4 * costs.seconds(2) * 0.8 < seconds < 4 * costs.seconds(2) * 1.3 * 1.2
+    assert 4 * costs.seconds(2, 2) * 0.8 < seconds < 4 * costs.seconds(2, 2) * 1.3 * 1.2
+
+
+def test_the_replay_charges_the_catch_up_on_a_return_to_drafting_only() -> None:
+    costs = COST_PROFILES["fp32_draft"]
+    assert costs.seconds(0, 2) == costs.seconds(0, 0) + costs.catch_up
+    assert costs.seconds(2, 0) == costs.seconds(2, 2) > costs.seconds(0, 0) == 1.0
 
 
 def test_acceptance_per_position_and_mean_length() -> None:
