@@ -41,9 +41,9 @@ accepted again. After the first check, a choice that wins clearly is checked no 
 than keeps what the checks lose within 3% of the time, the draft's catch-up on each return
 to drafting included (`algorithm.exploration.budgeted_period`, `catch_up_steps`; up to 256
 steps apart): a draft that narrowly loses (on a CPU where it costs 0.4 of a target step)
-would otherwise lose 4%. A choice made by less than
-`exploration.NARROW_WIN` is checked again soon, whichever it is: the few steps that made it
-may come from a slower or faster stretch than those after them. A kept length below k
+would otherwise lose 4%. A choice made by less than `exploration.NARROW_WIN` is checked
+again soon, whichever it is: the few steps that made it may come from a slower or faster
+stretch than those after them. A kept length below k
 also drafts one more token for a few steps now and then (after 8 steps, up to 128): only
 that measures the next draft's acceptance and step time as they are now, not as they were
 when the length was last drafted (at 8K, chains kept 3 drafts a step where an engine
