@@ -188,12 +188,14 @@ def target_forward_ms(llm: Any, max_decode_tokens: int, decode_s: float) -> floa
     return 1000 * breakdown["target_forward_s"] if breakdown else None
 
 
-def decode_attention_state(worker: Any) -> dict[int, dict[str, float]]:
-    """Per context bucket of plain decoding steps (`algorithm.verification_choice`): the
-    attention time of a step on each kernel (ms, the median of its recent steps) and how
-    many steps measured it."""
-    decoding_chooser = worker.model_runner.drafter.verification.decoding_chooser
-    if decoding_chooser is None:
+def attention_state(worker: Any, verifying: bool) -> dict[int, dict[str, float]]:
+    """Per context bucket (`algorithm.verification_choice`) of verifying steps (`verifying`)
+    or of plain decoding ones: the attention time of a step on the plugin's kernel (hybrid
+    attention, for verifying) and on vLLM's (ms, the median of its recent steps) and how
+    many steps measured each."""
+    verification = worker.model_runner.drafter.verification
+    chooser = verification.verifying_chooser if verifying else verification.decoding_chooser
+    if chooser is None:
         return {}
     return {
         index: {
@@ -202,7 +204,7 @@ def decode_attention_state(worker: Any) -> dict[int, dict[str, float]]:
             "kernel_steps": bucket.first.samples,
             "vllm_steps": bucket.second.samples,
         }
-        for index, bucket in enumerate(decoding_chooser.buckets)
+        for index, bucket in enumerate(chooser.buckets)
         if bucket.first.samples and bucket.second.samples
     }
 
@@ -252,8 +254,9 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
     """The prompt's prefill and one decode in `auto`, then `args.rounds` rounds of every
     mode; each decode's tokens/s, the machine's memory bandwidth just before it, drafts
     and accepted drafts per step, draft steps on the reduced cache (the rest drafted on the
-    full one: `retrieval: auto` chooses as usual), the steps `drafting: auto`'s chooser was
-    told of (`recorded_steps`) and the two choosers' state after it."""
+    full one: `retrieval: auto` chooses as usual), verifications on hybrid attention and on
+    vLLM's, the steps `drafting: auto`'s chooser was told of (`recorded_steps`) and the two
+    choosers' state after it; after the last, the attention choosers' state."""
     from specextend_vllm import step_timings
 
     chooser = draft_length_chooser(llm)
@@ -272,12 +275,15 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                 ), recorded_steps(chooser) as steps:
                     [request], _ = engine.generate(llm, [prompt], args.max_tokens)
                 forward_ms = target_forward_ms(llm, MAX_DRAFTS + 1, request.decode_s)
-            reduced_steps, _ = engine.reduced_steps_between(
-                retrieval_before, engine.retrieval_counters(llm)
-            )
+            retrieval_after = engine.retrieval_counters(llm)
+            reduced_steps, _ = engine.reduced_steps_between(retrieval_before, retrieval_after)
             decodes[mode].append(
                 {
                     "reduced_draft_steps": reduced_steps,
+                    **{
+                        counter: retrieval_after[counter] - retrieval_before[counter]
+                        for counter in ("hybrid_verifications", "native_verifications")
+                    },
                     "drafting_steps": sum(1 for drafts in request.drafted_per_step if drafts),
                     "round": round_index,
                     "decode_tokens_per_s": (len(request.tokens) - 1) / request.decode_s,
@@ -293,7 +299,8 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                 }
             )
     return {
-        "decode_attention": llm.collective_rpc(decode_attention_state)[0],
+        "decode_attention": llm.collective_rpc(attention_state, args=(False,))[0],
+        "verification_attention": llm.collective_rpc(attention_state, args=(True,))[0],
         "first_decode_s": first.decode_s,
         "ttft_s": first.ttft_s,
         "first_drafted_per_step": first.drafted_per_step,
