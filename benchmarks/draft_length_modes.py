@@ -26,7 +26,8 @@ these modes hold are paused meanwhile. `fixed4_hybrid` and `fixed4_vllm_verifica
 are `fixed4` verifying on hybrid attention and on vLLM's attention, whatever `auto` measures:
 the engine is reconfigured for them and back, which starts retrieval's state and the
 `auto` choosers afresh, so they are meant for prompts below `activation_length`. Each
-decode also records the target's forward per decoding step (ms, the mean of its steps).
+decode also records the parts of a decoding step (ms, the means of its steps: the
+target's forward, the proposal and its draft passes, ...).
 
     python -m benchmarks.draft_length_modes [--genres essays fiction code dialogue]
         [--skip-texts 2 | --texts NAME ...] [--length 8192] [--rounds 4] [--modes ...] [--compiled]
@@ -54,6 +55,7 @@ MODES: dict[str, int | None] = {
     "plain": 0,
     "plain_vllm_attention": 0,
     "fixed4": 4,
+    "fixed3": 3,
     "fixed2": 2,
     "fixed4_hybrid": 4,
     "fixed4_vllm_verification": 4,
@@ -179,13 +181,18 @@ def verification_attention(llm: Any, value: str | None) -> Iterator[None]:
         reconfigure(llm, verification_attention="auto")
 
 
-def target_forward_ms(llm: Any, max_decode_tokens: int, decode_s: float) -> float | None:
-    """The target's mean forward per decoding step over the steps timed since the last
+def step_parts_ms(llm: Any, max_decode_tokens: int, decode_s: float) -> dict[str, float]:
+    """Each part of a decoding step (`engine.time_breakdown`: the target's forward, the
+    proposal and its draft passes, ...), ms, the mean of the steps timed since the last
     call (prefill steps left out)."""
     from specextend_vllm import step_timings
 
     breakdown = engine.time_breakdown(step_timings(llm)[0], max_decode_tokens, decode_s)
-    return 1000 * breakdown["target_forward_s"] if breakdown else None
+    return {
+        field.removesuffix("_s"): 1000 * seconds
+        for field, seconds in breakdown.items()
+        if field.endswith("_s")
+    }
 
 
 def attention_state(worker: Any, verifying: bool) -> dict[int, dict[str, float]]:
@@ -274,7 +281,7 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                     llm, HELD_CHOICES.get(mode, ())
                 ), recorded_steps(chooser) as steps:
                     [request], _ = engine.generate(llm, [prompt], args.max_tokens)
-                forward_ms = target_forward_ms(llm, MAX_DRAFTS + 1, request.decode_s)
+                parts_ms = step_parts_ms(llm, MAX_DRAFTS + 1, request.decode_s)
             retrieval_after = engine.retrieval_counters(llm)
             reduced_steps, _ = engine.reduced_steps_between(retrieval_before, retrieval_after)
             decodes[mode].append(
@@ -287,7 +294,8 @@ def run_prompt(llm: Any, prompt: list[int], args: argparse.Namespace) -> dict[st
                     "drafting_steps": sum(1 for drafts in request.drafted_per_step if drafts),
                     "round": round_index,
                     "decode_tokens_per_s": (len(request.tokens) - 1) / request.decode_s,
-                    "target_forward_ms": forward_ms,
+                    "target_forward_ms": parts_ms.get("target_forward"),
+                    "step_parts_ms": parts_ms,
                     "machine_memory_gbps": memory_gbps,
                     "drafted_per_step": request.drafted_per_step,
                     "accepted_per_step": request.accepted_per_step,
